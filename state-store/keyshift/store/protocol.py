@@ -1,0 +1,327 @@
+"""The state store's typed protocol: what every backend provides.
+
+Callers (the worker runtime, the controller, the admin tools) depend on this
+module only.  A backend (today: Valkey/Redis, standalone or cluster, in
+``redis_backend``) implements :class:`StateStore`.
+
+Fencing.  Every key group has an *epoch* that each ``claim`` increments and a
+random *token* that each claim draws.  A commit carries both plus the commit
+sequence number it expects; the store applies it only if all three match and
+then advances the sequence.  The token makes a fence unforgeable even after a
+store restart that lost the last claim: an epoch number may then be issued a
+second time, a token never is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncGenerator, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+JOB_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+"""Job names are Kubernetes object names (DNS-1123 labels): no braces, slashes."""
+
+STATE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+"""State and timer-queue names: short, printable, no separators of our keys."""
+
+NO_OWNER = -1
+"""Owner of a key group in an assignment that no worker owns (never published)."""
+
+
+def check_job_name(job: str) -> str:
+    if not JOB_NAME.match(job):
+        raise ValueError(
+            f"invalid job name {job!r}: use lower-case letters, digits and '-', "
+            "at most 63 characters, starting and ending with a letter or digit"
+        )
+    return job
+
+
+def check_state_name(name: str) -> str:
+    if not STATE_NAME.match(name):
+        raise ValueError(f"invalid state name {name!r}: use letters, digits, '_', '.', '-'")
+    return name
+
+
+class StoreError(Exception):
+    """Base class of the state store's own errors."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not be reached within the client's retry budget."""
+
+
+class Fenced(StoreError):
+    """A write was rejected, and nothing was written.
+
+    ``reason`` says which part of the fence did not match:
+
+    - ``"epoch"``: the key group was claimed by someone else since (or the
+      claim this writer holds was lost by the store);
+    - ``"sequence"``: the epoch matches but the commit sequence does not, so
+      the store does not hold the state this writer built on (e.g. it lost an
+      acknowledged commit in a crash). The writer must reload.
+    """
+
+    def __init__(
+        self,
+        job: str,
+        key_group: int,
+        reason: Literal["epoch", "sequence"],
+        *,
+        expected_epoch: int,
+        stored_epoch: int,
+        expected_seq: int,
+        stored_seq: int,
+    ) -> None:
+        self.job = job
+        self.key_group = key_group
+        self.reason: Literal["epoch", "sequence"] = reason
+        self.expected_epoch = expected_epoch
+        self.stored_epoch = stored_epoch
+        self.expected_seq = expected_seq
+        self.stored_seq = stored_seq
+        if reason == "epoch":
+            detail = f"writer holds epoch {expected_epoch}, store has epoch {stored_epoch}"
+        else:
+            detail = f"writer expects commit sequence {expected_seq}, store has {stored_seq}"
+        super().__init__(f"fenced on {job}/{key_group} ({reason}): {detail}")
+
+
+class StaleGeneration(StoreError):
+    """An assignment was published over a generation other than the expected one."""
+
+    def __init__(self, job: str, expected: int, stored: int) -> None:
+        self.job = job
+        self.expected = expected
+        self.stored = stored
+        super().__init__(
+            f"assignment of {job!r}: expected to replace generation {expected}, "
+            f"store has generation {stored}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a claimer holds after ``claim``: the fence and where to resume."""
+
+    job: str
+    key_group: int
+    owner: str
+    epoch: int
+    token: str
+    seq: int
+    position: int
+    watermark: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    """A timer: fires at ``time`` (integer milliseconds); ``payload`` identifies it."""
+
+    time: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TimerChanges:
+    add: Collection[Timer] = ()
+    remove: Collection[bytes] = ()
+    """Payloads of timers to delete."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    seq: int
+    """The sequence the next commit must carry."""
+    replayed: bool = False
+    """True when this exact commit had already been applied (a retried request)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyGroupInfo:
+    """One key group as the store sees it (for admin tools and handoffs)."""
+
+    job: str
+    key_group: int
+    epoch: int
+    owner: str
+    seq: int
+    position: int
+    watermark: int | None
+    claimed_generation: int
+    released_generation: int
+    entries: int
+    """Number of state entries over all of the key group's states."""
+    timers: int
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """Which worker owns which key group, in one generation.
+
+    ``owners[kg]`` is the worker ordinal owning key group ``kg``.  Key groups in
+    ``forced`` are claimed without waiting for the previous owner's release
+    (failover: that owner is presumed dead and the epoch bump fences it).
+    """
+
+    generation: int
+    parallelism: int
+    owners: tuple[int, ...]
+    forced: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def key_groups(self) -> int:
+        return len(self.owners)
+
+    def owned_by(self, worker: int) -> list[int]:
+        return [kg for kg, owner in enumerate(self.owners) if owner == worker]
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    job: str
+    key_groups: int
+    created_at: float
+    """Unix time the job's state was first created; a job's clock starts here."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScanPage:
+    items: list[tuple[bytes, bytes]]
+    cursor: int
+    """0 when the scan is complete."""
+
+
+@dataclass(slots=True)
+class KeyGroupDump:
+    """A key group's full content, as exported in a savepoint."""
+
+    key_group: int
+    epoch: int
+    seq: int
+    position: int
+    watermark: int | None
+    states: dict[str, dict[bytes, bytes]]
+    timers: dict[str, list[Timer]]
+
+
+class StateStore(Protocol):
+    """The remote state store, per job and key group."""
+
+    # -- lifecycle ---------------------------------------------------------
+    async def ping(self) -> None: ...
+    async def close(self) -> None: ...
+
+    # -- job ---------------------------------------------------------------
+    async def init_job(
+        self, job: str, key_groups: int, *, created_at: float | None = None
+    ) -> JobInfo:
+        """Record the job's key group count and start time (default: now), once.
+
+        Returns what is stored, which is the first call's values.
+        """
+        ...
+
+    async def job_info(self, job: str) -> JobInfo | None: ...
+
+    # -- fencing -----------------------------------------------------------
+    async def claim(self, job: str, key_group: int, owner: str, *, generation: int = 0) -> Claim:
+        """Take ownership: increment the epoch, draw a token, return where to resume."""
+        ...
+
+    async def commit(
+        self,
+        job: str,
+        key_group: int,
+        *,
+        epoch: int,
+        token: str,
+        seq: int,
+        puts: Mapping[str, Mapping[bytes, bytes]] | None = None,
+        deletes: Mapping[str, Collection[bytes]] | None = None,
+        position: int,
+        watermark: int | None = None,
+        timers: Mapping[str, TimerChanges] | None = None,
+    ) -> CommitResult:
+        """Apply one checkpoint atomically, or raise :class:`Fenced` writing nothing."""
+        ...
+
+    async def release(
+        self, job: str, key_group: int, *, epoch: int, token: str, generation: int
+    ) -> None:
+        """Give the key group up at ``generation``; later commits with this fence fail."""
+        ...
+
+    async def key_group_info(self, job: str, key_group: int) -> KeyGroupInfo: ...
+
+    # -- reads -------------------------------------------------------------
+    async def get_many(
+        self, job: str, key_group: int, state_name: str, keys: Collection[bytes]
+    ) -> dict[bytes, bytes]:
+        """The stored values of ``keys``; absent keys are left out."""
+        ...
+
+    async def scan(
+        self,
+        job: str,
+        key_group: int,
+        state_name: str,
+        prefix: bytes = b"",
+        *,
+        cursor: int = 0,
+        count: int = 256,
+    ) -> ScanPage:
+        """One page of the entries whose key starts with ``prefix``."""
+        ...
+
+    def scan_all(
+        self, job: str, key_group: int, state_name: str, prefix: bytes = b""
+    ) -> AsyncGenerator[tuple[bytes, bytes], None]:
+        """Every entry whose key starts with ``prefix``, each once."""
+        ...
+
+    async def due_timers(
+        self, job: str, key_group: int, queue: str, until: int, *, limit: int = 1000
+    ) -> list[Timer]:
+        """Timers of ``queue`` with ``time <= until``, earliest first."""
+        ...
+
+    async def next_timer(self, job: str, key_group: int, queue: str) -> Timer | None: ...
+
+    # -- assignment --------------------------------------------------------
+    async def publish_assignment(
+        self, job: str, assignment: Assignment, *, expected_generation: int
+    ) -> None:
+        """Replace generation ``expected_generation`` (0: none yet) and notify watchers."""
+        ...
+
+    async def get_assignment(self, job: str) -> Assignment | None: ...
+
+    def watch_assignment(
+        self, job: str, *, poll_interval: float = 1.0
+    ) -> AsyncGenerator[Assignment, None]:
+        """Yield the current assignment, then each newer one as it is published."""
+        ...
+
+    async def ack_generation(self, job: str, worker: str, generation: int) -> None:
+        """Record that ``worker`` runs ``generation``."""
+        ...
+
+    async def worker_generations(self, job: str) -> dict[str, int]: ...
+
+    async def forget_worker(self, job: str, worker: str) -> None: ...
+
+    # -- admin -------------------------------------------------------------
+    async def list_key_groups(self, job: str) -> list[KeyGroupInfo]: ...
+
+    async def delete_job(self, job: str) -> int:
+        """Delete all of a job's state; return the number of keys removed."""
+        ...
+
+    async def dump_key_group(self, job: str, key_group: int) -> KeyGroupDump: ...
+
+    async def load_key_group(self, job: str, dump: KeyGroupDump) -> None:
+        """Write a dumped key group, replacing what is there and fencing old writers."""
+        ...

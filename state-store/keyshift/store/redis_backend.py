@@ -1,0 +1,553 @@
+"""The Valkey/Redis backend of :class:`~keyshift.store.protocol.StateStore`.
+
+Works against a standalone server and against Redis Cluster: every key group's
+keys share one hash slot, so each commit is one Lua script on one node.
+
+Retries.  Connection errors and timeouts are retried with exponential back-off
+(and jitter) up to ``retry_seconds``; then :class:`StoreUnavailable` is raised.
+Retrying a commit is safe: the fence makes it either apply once or be
+recognised as already applied (see ``scripts/commit.lua``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Mapping
+from importlib import resources
+from functools import partial
+from typing import Any, Literal, TypeVar
+
+import msgspec
+import redis.asyncio as aioredis
+import redis.exceptions as rexc
+from redis.asyncio.cluster import RedisCluster
+
+from keyshift.store import keys
+from keyshift.store.protocol import (
+    Assignment,
+    Claim,
+    CommitResult,
+    Fenced,
+    JobInfo,
+    KeyGroupDump,
+    KeyGroupInfo,
+    ScanPage,
+    StaleGeneration,
+    StoreUnavailable,
+    Timer,
+    TimerChanges,
+    check_job_name,
+    check_state_name,
+)
+
+T = TypeVar("T")
+
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    rexc.ConnectionError,
+    rexc.TimeoutError,
+    rexc.BusyLoadingError,
+    rexc.TryAgainError,
+    rexc.ClusterDownError,
+    rexc.MasterDownError,
+    ConnectionResetError,
+    OSError,
+)
+
+
+class _AssignmentRecord(msgspec.Struct, frozen=True):
+    generation: int
+    parallelism: int
+    owners: list[int]
+    forced: list[int]
+
+
+def _load_script(name: str) -> str:
+    return resources.files("keyshift.store").joinpath("scripts", f"{name}.lua").read_text()
+
+
+def _escape_glob(prefix: bytes) -> bytes:
+    out = bytearray()
+    for byte in prefix:
+        if byte in b"*?[]\\":
+            out.append(ord("\\"))
+        out.append(byte)
+    return bytes(out)
+
+
+def _int(value: bytes | str | None, default: int = 0) -> int:
+    return default if value is None or value == b"" else int(value)
+
+
+class RedisStateStore:
+    """State store on Valkey/Redis.  Create with :func:`keyshift.store.open_store`."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis | RedisCluster,
+        *,
+        cluster: bool,
+        retry_seconds: float = 30.0,
+        url: str = "",
+    ) -> None:
+        self._client: Any = client
+        self.cluster = cluster
+        self.url = url
+        self.retry_seconds = retry_seconds
+        self._scripts = {
+            name: self._client.register_script(_load_script(name))
+            for name in ("claim", "commit", "release", "publish_assignment", "load_key_group")
+        }
+
+    # -- plumbing ------------------------------------------------------------
+
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Run ``call``, retrying transient errors with capped exponential back-off."""
+        deadline = time.monotonic() + self.retry_seconds
+        delay = 0.02
+        while True:
+            try:
+                return await call()
+            except TRANSIENT_ERRORS as exc:
+                if time.monotonic() + delay > deadline:
+                    raise StoreUnavailable(
+                        f"state store unreachable for {self.retry_seconds:.0f}s during {what}: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+                await asyncio.sleep(delay * (0.5 + secrets.randbelow(1000) / 1000))
+                delay = min(delay * 2, 1.0)
+
+    async def _script(self, name: str, keys_: list[str], args: list[Any]) -> Any:
+        script = self._scripts[name]
+        return await self._retrying(name, lambda: script(keys=keys_, args=args))
+
+    async def ping(self) -> None:
+        await self._retrying("ping", self._client.ping)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    # -- job -----------------------------------------------------------------
+
+    async def init_job(
+        self, job: str, key_groups: int, *, created_at: float | None = None
+    ) -> JobInfo:
+        check_job_name(job)
+        if key_groups < 1:
+            raise ValueError(f"a job needs at least one key group, got {key_groups}")
+        key = keys.job_info(job)
+        created = await self._retrying(
+            "init_job", lambda: self._client.hsetnx(key, "key_groups", key_groups)
+        )
+        if created:
+            await self._retrying(
+                "init_job",
+                lambda: self._client.hsetnx(
+                    key, "created_at", repr(time.time() if created_at is None else created_at)
+                ),
+            )
+        info = await self.job_info(job)
+        assert info is not None
+        return info
+
+    async def job_info(self, job: str) -> JobInfo | None:
+        raw = await self._retrying(
+            "job_info",
+            lambda: self._client.hmget(keys.job_info(job), ["key_groups", "created_at"]),
+        )
+        if raw[0] is None:
+            return None
+        created = float(raw[1]) if raw[1] is not None else 0.0
+        return JobInfo(job=job, key_groups=int(raw[0]), created_at=created)
+
+    # -- fencing -------------------------------------------------------------
+
+    async def claim(self, job: str, key_group: int, owner: str, *, generation: int = 0) -> Claim:
+        check_job_name(job)
+        token = secrets.token_hex(16)
+        epoch, seq, position, watermark = await self._script(
+            "claim", [keys.meta(job, key_group)], [owner, token, generation]
+        )
+        # A retried claim (reply lost) bumps the epoch twice, which is harmless:
+        # the claimer holds the newer epoch and token.
+        return Claim(
+            job=job,
+            key_group=key_group,
+            owner=owner,
+            epoch=int(epoch),
+            token=token,
+            seq=int(seq),
+            position=int(position),
+            watermark=None if watermark is None else int(watermark),
+        )
+
+    async def commit(
+        self,
+        job: str,
+        key_group: int,
+        *,
+        epoch: int,
+        token: str,
+        seq: int,
+        puts: Mapping[str, Mapping[bytes, bytes]] | None = None,
+        deletes: Mapping[str, Collection[bytes]] | None = None,
+        position: int,
+        watermark: int | None = None,
+        timers: Mapping[str, TimerChanges] | None = None,
+    ) -> CommitResult:
+        puts = puts or {}
+        deletes = deletes or {}
+        timers = timers or {}
+        state_names = sorted(set(puts) | set(deletes))
+        key_list = [keys.meta(job, key_group), keys.names(job, key_group)]
+        args: list[Any] = [
+            epoch,
+            token,
+            seq,
+            position,
+            "" if watermark is None else watermark,
+            len(state_names),
+            len(timers),
+        ]
+        for name in state_names:
+            check_state_name(name)
+            key_list.append(keys.state(job, key_group, name))
+            put = puts.get(name, {})
+            dele = deletes.get(name, ())
+            args += [name, len(put), len(dele)]
+            for k, v in put.items():
+                args += [k, v]
+            args += list(dele)
+        for queue in sorted(timers):
+            check_state_name(queue)
+            key_list.append(keys.timers(job, key_group, queue))
+            change = timers[queue]
+            args += [queue, len(change.add), len(change.remove)]
+            for t in change.add:
+                args += [t.time, t.payload]
+            args += list(change.remove)
+        reply = await self._script("commit", key_list, args)
+        if reply[0] == b"OK":
+            return CommitResult(seq=int(reply[1]), replayed=bool(int(reply[2])))
+        reason: Literal["epoch", "sequence"] = "epoch" if reply[1] == b"epoch" else "sequence"
+        raise Fenced(
+            job,
+            key_group,
+            reason,
+            expected_epoch=epoch,
+            stored_epoch=int(reply[2]),
+            expected_seq=seq,
+            stored_seq=int(reply[3]),
+        )
+
+    async def release(
+        self, job: str, key_group: int, *, epoch: int, token: str, generation: int
+    ) -> None:
+        reply = await self._script(
+            "release", [keys.meta(job, key_group)], [epoch, token, generation]
+        )
+        if reply[0] != b"OK":
+            raise Fenced(
+                job,
+                key_group,
+                "epoch",
+                expected_epoch=epoch,
+                stored_epoch=int(reply[2]),
+                expected_seq=-1,
+                stored_seq=int(reply[3]),
+            )
+
+    async def key_group_info(self, job: str, key_group: int) -> KeyGroupInfo:
+        meta: dict[bytes, bytes] = await self._retrying(
+            "key_group_info", lambda: self._client.hgetall(keys.meta(job, key_group))
+        )
+        names = await self._retrying(
+            "key_group_info", lambda: self._client.smembers(keys.names(job, key_group))
+        )
+        entries = 0
+        timer_count = 0
+        for raw_name in names:
+            kind, _, name = raw_name.decode().partition(":")
+            if kind == "s":
+                entries += await self._client.hlen(keys.state(job, key_group, name))
+            else:
+                timer_count += await self._client.zcard(keys.timers(job, key_group, name))
+        wm = meta.get(b"watermark")
+        return KeyGroupInfo(
+            job=job,
+            key_group=key_group,
+            epoch=_int(meta.get(b"epoch")),
+            owner=meta.get(b"owner", b"").decode(),
+            seq=_int(meta.get(b"seq")),
+            position=_int(meta.get(b"position")),
+            watermark=None if wm is None else int(wm),
+            claimed_generation=_int(meta.get(b"claimed_generation")),
+            released_generation=_int(meta.get(b"released_generation")),
+            entries=entries,
+            timers=timer_count,
+        )
+
+    # -- reads ---------------------------------------------------------------
+
+    async def get_many(
+        self, job: str, key_group: int, state_name: str, keys_: Collection[bytes]
+    ) -> dict[bytes, bytes]:
+        if not keys_:
+            return {}
+        wanted = list(keys_)
+        values = await self._retrying(
+            "get_many",
+            lambda: self._client.hmget(keys.state(job, key_group, state_name), wanted),
+        )
+        return {k: v for k, v in zip(wanted, values, strict=True) if v is not None}
+
+    async def scan(
+        self,
+        job: str,
+        key_group: int,
+        state_name: str,
+        prefix: bytes = b"",
+        *,
+        cursor: int = 0,
+        count: int = 256,
+    ) -> ScanPage:
+        match = _escape_glob(prefix) + b"*"
+        key = keys.state(job, key_group, state_name)
+        next_cursor, found = await self._retrying(
+            "scan", lambda: self._client.hscan(key, cursor, match=match, count=count)
+        )
+        return ScanPage(items=list(found.items()), cursor=int(next_cursor))
+
+    async def scan_all(
+        self, job: str, key_group: int, state_name: str, prefix: bytes = b""
+    ) -> AsyncGenerator[tuple[bytes, bytes], None]:
+        seen: set[bytes] = set()  # HSCAN may return an entry twice while the hash rehashes
+        cursor = 0
+        while True:
+            page = await self.scan(job, key_group, state_name, prefix, cursor=cursor)
+            for k, v in page.items:
+                if k not in seen:
+                    seen.add(k)
+                    yield k, v
+            cursor = page.cursor
+            if cursor == 0:
+                return
+
+    async def due_timers(
+        self, job: str, key_group: int, queue: str, until: int, *, limit: int = 1000
+    ) -> list[Timer]:
+        key = keys.timers(job, key_group, queue)
+        found = await self._retrying(
+            "due_timers",
+            lambda: self._client.zrangebyscore(
+                key, "-inf", until, start=0, num=limit, withscores=True
+            ),
+        )
+        return [Timer(time=int(score), payload=member) for member, score in found]
+
+    async def next_timer(self, job: str, key_group: int, queue: str) -> Timer | None:
+        key = keys.timers(job, key_group, queue)
+        found = await self._retrying(
+            "next_timer", lambda: self._client.zrange(key, 0, 0, withscores=True)
+        )
+        if not found:
+            return None
+        member, score = found[0]
+        return Timer(time=int(score), payload=member)
+
+    # -- assignment ----------------------------------------------------------
+
+    async def publish_assignment(
+        self, job: str, assignment: Assignment, *, expected_generation: int
+    ) -> None:
+        check_job_name(job)
+        if assignment.generation <= expected_generation:
+            raise ValueError(
+                f"new generation {assignment.generation} must exceed {expected_generation}"
+            )
+        payload = msgspec.json.encode(
+            _AssignmentRecord(
+                generation=assignment.generation,
+                parallelism=assignment.parallelism,
+                owners=list(assignment.owners),
+                forced=sorted(assignment.forced),
+            )
+        )
+        reply = await self._script(
+            "publish_assignment",
+            [keys.assignment(job)],
+            [expected_generation, assignment.generation, payload],
+        )
+        if reply[0] != b"OK":
+            raise StaleGeneration(job, expected_generation, int(reply[1]))
+        channel = keys.assignment_channel(job)
+        await self._retrying(
+            "publish_assignment",
+            lambda: self._client.execute_command("SPUBLISH", channel, assignment.generation),
+        )
+
+    async def get_assignment(self, job: str) -> Assignment | None:
+        raw = await self._retrying(
+            "get_assignment", lambda: self._client.hget(keys.assignment(job), "payload")
+        )
+        if raw is None:
+            return None
+        rec = msgspec.json.decode(raw, type=_AssignmentRecord)
+        return Assignment(
+            generation=rec.generation,
+            parallelism=rec.parallelism,
+            owners=tuple(rec.owners),
+            forced=frozenset(rec.forced),
+        )
+
+    async def watch_assignment(
+        self, job: str, *, poll_interval: float = 1.0
+    ) -> AsyncGenerator[Assignment, None]:
+        """Yield the current and each newer assignment.
+
+        Notified through sharded pub/sub; a poll every ``poll_interval`` seconds
+        covers missed messages and lost subscriptions.
+        """
+        channel = keys.assignment_channel(job)
+        pubsub: Any = None
+        last = 0
+        try:
+            while True:
+                if pubsub is None:
+                    pubsub = await self._subscribe(channel)
+                current = await self.get_assignment(job)
+                if current is not None and current.generation > last:
+                    last = current.generation
+                    yield current
+                if pubsub is None:
+                    await asyncio.sleep(poll_interval)
+                    continue
+                try:
+                    if self.cluster:
+                        await pubsub.get_sharded_message(
+                            ignore_subscribe_messages=True, timeout=poll_interval
+                        )
+                    else:
+                        await pubsub.get_message(
+                            ignore_subscribe_messages=True, timeout=poll_interval
+                        )
+                except TRANSIENT_ERRORS:
+                    await self._close_pubsub(pubsub)
+                    pubsub = None
+        finally:
+            if pubsub is not None:
+                await self._close_pubsub(pubsub)
+
+    async def _subscribe(self, channel: str) -> Any:
+        try:
+            if self.cluster:
+                await self._client.initialize()  # the slot map routes the shard channel
+            pubsub = self._client.pubsub()
+            await pubsub.ssubscribe(channel)
+            return pubsub
+        except (rexc.RedisError, OSError):
+            return None  # polling covers until the next attempt
+
+    @staticmethod
+    async def _close_pubsub(pubsub: Any) -> None:
+        with contextlib.suppress(Exception):
+            await pubsub.aclose()
+
+    async def ack_generation(self, job: str, worker: str, generation: int) -> None:
+        await self._retrying(
+            "ack_generation",
+            lambda: self._client.hset(keys.worker_generations(job), worker, generation),
+        )
+
+    async def worker_generations(self, job: str) -> dict[str, int]:
+        raw = await self._retrying(
+            "worker_generations", lambda: self._client.hgetall(keys.worker_generations(job))
+        )
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    async def forget_worker(self, job: str, worker: str) -> None:
+        await self._retrying(
+            "forget_worker", lambda: self._client.hdel(keys.worker_generations(job), worker)
+        )
+
+    # -- admin ---------------------------------------------------------------
+
+    async def _key_group_count(self, job: str) -> int:
+        info = await self.job_info(job)
+        if info is not None:
+            return info.key_groups
+        assignment = await self.get_assignment(job)
+        return 0 if assignment is None else assignment.key_groups
+
+    async def list_key_groups(self, job: str) -> list[KeyGroupInfo]:
+        count = await self._key_group_count(job)
+        return [await self.key_group_info(job, kg) for kg in range(count)]
+
+    async def delete_job(self, job: str) -> int:
+        check_job_name(job)
+        found: list[bytes] = []
+        for pattern in keys.job_patterns(job):
+            async for key in self._client.scan_iter(match=pattern, count=1000):
+                found.append(key)
+        removed = 0
+        for key in found:  # one key per call: keys of a job span many cluster slots
+            removed += await self._retrying("delete_job", partial(self._client.unlink, key))
+        return removed
+
+    async def dump_key_group(self, job: str, key_group: int) -> KeyGroupDump:
+        info = await self.key_group_info(job, key_group)
+        names = await self._client.smembers(keys.names(job, key_group))
+        states: dict[str, dict[bytes, bytes]] = {}
+        timer_queues: dict[str, list[Timer]] = {}
+        for raw_name in sorted(names):
+            kind, _, name = raw_name.decode().partition(":")
+            if kind == "s":
+                states[name] = {k: v async for k, v in self.scan_all(job, key_group, name)}
+            else:
+                found = await self._client.zrange(
+                    keys.timers(job, key_group, name), 0, -1, withscores=True
+                )
+                timer_queues[name] = [Timer(time=int(s), payload=m) for m, s in found]
+        return KeyGroupDump(
+            key_group=key_group,
+            epoch=info.epoch,
+            seq=info.seq,
+            position=info.position,
+            watermark=info.watermark,
+            states=states,
+            timers=timer_queues,
+        )
+
+    async def load_key_group(self, job: str, dump: KeyGroupDump) -> None:
+        kg = dump.key_group
+        old_names = await self._client.smembers(keys.names(job, kg))
+        for raw_name in old_names:
+            kind, _, name = raw_name.decode().partition(":")
+            key = keys.state(job, kg, name) if kind == "s" else keys.timers(job, kg, name)
+            await self._client.unlink(key)
+        await self._client.unlink(keys.names(job, kg))
+        await self._script(
+            "load_key_group",
+            [keys.meta(job, kg)],
+            [
+                dump.epoch + 1,
+                dump.seq,
+                dump.position,
+                "" if dump.watermark is None else dump.watermark,
+            ],
+        )
+        for name, entries in dump.states.items():
+            check_state_name(name)
+            await self._client.sadd(keys.names(job, kg), f"s:{name}")
+            items = list(entries.items())
+            for start in range(0, len(items), 1000):
+                chunk = dict(items[start : start + 1000])
+                await self._client.hset(keys.state(job, kg, name), mapping=chunk)
+        for queue, timer_list in dump.timers.items():
+            check_state_name(queue)
+            await self._client.sadd(keys.names(job, kg), f"t:{queue}")
+            for start in range(0, len(timer_list), 1000):
+                chunk_t = {t.payload: t.time for t in timer_list[start : start + 1000]}
+                await self._client.zadd(keys.timers(job, kg, queue), chunk_t)

@@ -1,0 +1,63 @@
+-- Apply one checkpoint of a key group atomically, if the fence matches.
+-- KEYS[1] meta hash, KEYS[2] names set, KEYS[3..] state hashes then timer sets
+-- ARGV[1] epoch  ARGV[2] token  ARGV[3] seq  ARGV[4] position
+-- ARGV[5] watermark ('' keeps the stored one)  ARGV[6] number of state hashes
+-- ARGV[7] number of timer sets
+-- then per state hash:  name, nputs, ndeletes, k1, v1, ..., d1, ...
+-- then per timer set:   name, nadds, nremoves, score1, member1, ..., r1, ...
+-- Returns {'OK', next_seq, replayed} or {'FENCED', reason, stored_epoch, stored_seq}.
+local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'seq')
+local epoch = tonumber(m[1] or '0')
+local seq = tonumber(m[3] or '0')
+local want_seq = tonumber(ARGV[3])
+if epoch ~= tonumber(ARGV[1]) or m[2] ~= ARGV[2] then
+  return {'FENCED', 'epoch', epoch, seq}
+end
+if seq ~= want_seq then
+  -- Same fence, sequence one ahead: this very commit was applied already and
+  -- its reply was lost; the client retried. Nobody else holds this token.
+  if seq == want_seq + 1 then
+    return {'OK', seq, 1}
+  end
+  return {'FENCED', 'sequence', epoch, seq}
+end
+
+local CHUNK = 1000
+local function apply(cmd, key, first, count, stride)
+  local i = first
+  local last = first + count * stride - 1
+  while i <= last do
+    local j = math.min(i + CHUNK * stride - 1, last)
+    redis.call(cmd, key, unpack(ARGV, i, j))
+    i = j + 1
+  end
+end
+
+local arg = 8
+local key = 3
+for _ = 1, tonumber(ARGV[6]) do
+  local name, nput, ndel = ARGV[arg], tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2])
+  arg = arg + 3
+  if nput > 0 then apply('HSET', KEYS[key], arg, nput, 2) end
+  arg = arg + 2 * nput
+  if ndel > 0 then apply('HDEL', KEYS[key], arg, ndel, 1) end
+  arg = arg + ndel
+  redis.call('SADD', KEYS[2], 's:' .. name)
+  key = key + 1
+end
+for _ = 1, tonumber(ARGV[7]) do
+  local name, nadd, nrem = ARGV[arg], tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2])
+  arg = arg + 3
+  if nadd > 0 then apply('ZADD', KEYS[key], arg, nadd, 2) end
+  arg = arg + 2 * nadd
+  if nrem > 0 then apply('ZREM', KEYS[key], arg, nrem, 1) end
+  arg = arg + nrem
+  redis.call('SADD', KEYS[2], 't:' .. name)
+  key = key + 1
+end
+
+redis.call('HSET', KEYS[1], 'seq', want_seq + 1, 'position', ARGV[4])
+if ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[1], 'watermark', ARGV[5])
+end
+return {'OK', want_seq + 1, 0}

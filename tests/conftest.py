@@ -1,0 +1,60 @@
+"""Shared fixtures: real Valkey/Redis servers on loopback ports.
+
+A standalone server and a 3-master Redis Cluster are started once per test
+session (in a temporary directory) and stopped by PID at the end.  Tests that
+need a server of their own (to kill or restart it) use ``LocalServer``
+directly.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from keyshift.store import RedisStateStore, open_store
+from keyshift.store.server import LocalCluster, LocalServer
+
+
+@pytest.fixture(scope="session")
+def standalone_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    server = LocalServer(tmp_path_factory.mktemp("valkey")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"), masters=3).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """The URL of each kind of store in turn: every test using it runs twice."""
+    if request.param == "standalone":
+        server: LocalServer = request.getfixturevalue("standalone_server")
+        return server.url
+    cluster: LocalCluster = request.getfixturevalue("cluster_servers")
+    return cluster.url
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[RedisStateStore]:
+    s = open_store(store_url, retry_seconds=10)
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+def job() -> str:
+    """A job name of its own for each test, so tests never see each other's state."""
+    return f"t-{secrets.token_hex(4)}"
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    return tmp_path

@@ -1,0 +1,363 @@
+"""The conformance suite every state store backend must pass.
+
+Each test runs twice, against a real standalone Valkey/Redis and against a
+real 3-master Redis Cluster (the ``store`` fixture).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from keyshift.store import (
+    Assignment,
+    Fenced,
+    RedisStateStore,
+    StaleGeneration,
+    Timer,
+    TimerChanges,
+)
+from keyshift.store.savepoint import export_job, import_job
+
+
+async def test_claim_increments_epoch_and_returns_committed_position(
+    store: RedisStateStore, job: str
+) -> None:
+    first = await store.claim(job, 3, "w0")
+    assert (first.epoch, first.seq, first.position, first.watermark) == (1, 0, 0, None)
+    await store.commit(
+        job, 3, epoch=first.epoch, token=first.token, seq=0, position=42, watermark=7
+    )
+    second = await store.claim(job, 3, "w1", generation=5)
+    assert (second.epoch, second.seq, second.position, second.watermark) == (2, 1, 42, 7)
+    info = await store.key_group_info(job, 3)
+    assert (info.owner, info.epoch, info.claimed_generation) == ("w1", 2, 5)
+
+
+async def test_commit_applies_puts_deletes_position_and_advances_sequence(
+    store: RedisStateStore, job: str
+) -> None:
+    c = await store.claim(job, 0, "w0")
+    r1 = await store.commit(
+        job,
+        0,
+        epoch=c.epoch,
+        token=c.token,
+        seq=c.seq,
+        puts={"count": {b"a": b"1", b"b": b"2", b"c": b"3"}, "last": {b"a": b"x"}},
+        position=3,
+    )
+    assert r1.seq == 1 and not r1.replayed
+    r2 = await store.commit(
+        job,
+        0,
+        epoch=c.epoch,
+        token=c.token,
+        seq=r1.seq,
+        puts={"count": {b"a": b"10"}},
+        deletes={"count": [b"b"], "last": [b"a"]},
+        position=5,
+    )
+    assert r2.seq == 2
+    assert await store.get_many(job, 0, "count", [b"a", b"b", b"c", b"zz"]) == {
+        b"a": b"10",
+        b"c": b"3",
+    }
+    assert await store.get_many(job, 0, "last", [b"a"]) == {}
+    info = await store.key_group_info(job, 0)
+    assert (info.seq, info.position, info.entries) == (2, 5, 2)
+
+
+async def test_stale_epoch_is_fenced_and_writes_nothing(store: RedisStateStore, job: str) -> None:
+    old = await store.claim(job, 1, "old")
+    await store.commit(
+        job, 1, epoch=old.epoch, token=old.token, seq=0, puts={"s": {b"k": b"v1"}}, position=1
+    )
+    new = await store.claim(job, 1, "new")
+    with pytest.raises(Fenced) as caught:
+        await store.commit(
+            job,
+            1,
+            epoch=old.epoch,
+            token=old.token,
+            seq=1,
+            puts={"s": {b"k": b"zombie", b"other": b"zombie"}},
+            deletes={"s": [b"k"]},
+            position=99,
+            timers={"t": TimerChanges(add=[Timer(1, b"zombie")])},
+        )
+    assert caught.value.reason == "epoch"
+    assert (caught.value.expected_epoch, caught.value.stored_epoch) == (old.epoch, new.epoch)
+    assert await store.get_many(job, 1, "s", [b"k", b"other"]) == {b"k": b"v1"}
+    assert await store.next_timer(job, 1, "t") is None
+    info = await store.key_group_info(job, 1)
+    assert (info.seq, info.position, info.owner) == (1, 1, "new")
+
+
+async def test_stale_sequence_is_fenced_and_writes_nothing(
+    store: RedisStateStore, job: str
+) -> None:
+    c = await store.claim(job, 2, "w")
+    await store.commit(job, 2, epoch=c.epoch, token=c.token, seq=0, position=10)
+    await store.commit(job, 2, epoch=c.epoch, token=c.token, seq=1, position=20)
+    for wrong in (0, 3, 7):
+        with pytest.raises(Fenced) as caught:
+            await store.commit(
+                job,
+                2,
+                epoch=c.epoch,
+                token=c.token,
+                seq=wrong,
+                puts={"s": {b"k": b"v"}},
+                position=99,
+            )
+        assert caught.value.reason == "sequence"
+        assert caught.value.stored_seq == 2
+    assert await store.get_many(job, 2, "s", [b"k"]) == {}
+    assert (await store.key_group_info(job, 2)).position == 20
+
+
+async def test_retried_commit_is_recognised_not_applied_twice(
+    store: RedisStateStore, job: str
+) -> None:
+    c = await store.claim(job, 0, "w")
+    first = await store.commit(
+        job, 0, epoch=c.epoch, token=c.token, seq=0, puts={"s": {b"k": b"1"}}, position=1
+    )
+    again = await store.commit(
+        job, 0, epoch=c.epoch, token=c.token, seq=0, puts={"s": {b"k": b"1"}}, position=1
+    )
+    assert (first.seq, first.replayed) == (1, False)
+    assert (again.seq, again.replayed) == (1, True)
+    assert (await store.key_group_info(job, 0)).seq == 1
+
+
+async def test_same_epoch_number_with_another_token_is_fenced(
+    store: RedisStateStore, job: str
+) -> None:
+    """A fence is (epoch, token): guessing the epoch number is not enough."""
+    c = await store.claim(job, 0, "w")
+    with pytest.raises(Fenced):
+        await store.commit(job, 0, epoch=c.epoch, token="f" * 32, seq=0, position=5)
+
+
+async def test_concurrent_claimers_exactly_one_can_commit(store: RedisStateStore, job: str) -> None:
+    claims = await asyncio.gather(*(store.claim(job, 4, f"w{i}") for i in range(8)))
+    assert sorted(c.epoch for c in claims) == list(range(1, 9))
+
+    async def try_commit(i: int) -> bool:
+        c = claims[i]
+        try:
+            await store.commit(
+                job, 4, epoch=c.epoch, token=c.token, seq=c.seq,
+                puts={"s": {b"winner": c.owner.encode()}}, position=1,
+            )  # fmt: skip
+        except Fenced:
+            return False
+        return True
+
+    results = await asyncio.gather(*(try_commit(i) for i in range(8)))
+    assert sum(results) == 1
+    winner = max(claims, key=lambda c: c.epoch)
+    assert results[claims.index(winner)]
+    assert await store.get_many(job, 4, "s", [b"winner"]) == {b"winner": winner.owner.encode()}
+
+
+async def test_release_marks_generation_and_fences_the_releaser(
+    store: RedisStateStore, job: str
+) -> None:
+    c = await store.claim(job, 5, "w0", generation=1)
+    await store.commit(job, 5, epoch=c.epoch, token=c.token, seq=0, position=8)
+    await store.release(job, 5, epoch=c.epoch, token=c.token, generation=2)
+    await store.release(job, 5, epoch=c.epoch, token=c.token, generation=2)  # a retry is fine
+    info = await store.key_group_info(job, 5)
+    assert (info.released_generation, info.owner, info.position) == (2, "", 8)
+    with pytest.raises(Fenced):
+        await store.commit(job, 5, epoch=c.epoch, token=c.token, seq=1, position=9)
+    nxt = await store.claim(job, 5, "w1", generation=2)
+    assert (nxt.epoch, nxt.position, nxt.seq) == (c.epoch + 1, 8, 1)
+    with pytest.raises(Fenced):
+        await store.release(job, 5, epoch=c.epoch, token=c.token, generation=3)
+
+
+async def test_large_commit_is_atomic_and_complete(store: RedisStateStore, job: str) -> None:
+    c = await store.claim(job, 0, "w")
+    puts = {f"k{i}".encode(): f"v{i}".encode() * 10 for i in range(10_000)}
+    await store.commit(job, 0, epoch=c.epoch, token=c.token, seq=0, puts={"s": puts}, position=1)
+    got = await store.get_many(job, 0, "s", list(puts))
+    assert got == puts
+    dels = [f"k{i}".encode() for i in range(0, 10_000, 2)]
+    await store.commit(job, 0, epoch=c.epoch, token=c.token, seq=1, deletes={"s": dels}, position=2)
+    assert (await store.key_group_info(job, 0)).entries == 5_000
+
+
+async def test_scan_by_prefix_returns_each_matching_entry_once(
+    store: RedisStateStore, job: str
+) -> None:
+    c = await store.claim(job, 0, "w")
+    entries = {b"user:1:" + str(i).encode(): b"a" for i in range(500)}
+    entries |= {b"user:2:" + str(i).encode(): b"b" for i in range(300)}
+    entries |= {b"us*r:[1]:x": b"glob", b"user:1": b"exact"}
+    await store.commit(job, 0, epoch=c.epoch, token=c.token, seq=0, puts={"m": entries}, position=1)
+    found = [kv async for kv in store.scan_all(job, 0, "m", b"user:1:")]
+    assert len(found) == 500
+    assert dict(found) == {k: v for k, v in entries.items() if k.startswith(b"user:1:")}
+    glob = [kv async for kv in store.scan_all(job, 0, "m", b"us*r:[1]")]
+    assert glob == [(b"us*r:[1]:x", b"glob")]
+    everything = [kv async for kv in store.scan_all(job, 0, "m")]
+    assert dict(everything) == entries and len(everything) == len(entries)
+
+
+async def test_timers_are_ordered_by_time_and_removable(store: RedisStateStore, job: str) -> None:
+    c = await store.claim(job, 0, "w")
+    add = [Timer(t, f"t{t}".encode()) for t in (500, 100, 300, 200, 400)]
+    await store.commit(
+        job, 0, epoch=c.epoch, token=c.token, seq=0, position=0,
+        timers={"event": TimerChanges(add=add), "processing": TimerChanges(add=[Timer(5, b"p")])},
+    )  # fmt: skip
+    due = await store.due_timers(job, 0, "event", 300)
+    assert due == [Timer(100, b"t100"), Timer(200, b"t200"), Timer(300, b"t300")]
+    assert await store.due_timers(job, 0, "event", 1000, limit=2) == due[:2]
+    assert await store.next_timer(job, 0, "processing") == Timer(5, b"p")
+    await store.commit(
+        job, 0, epoch=c.epoch, token=c.token, seq=1, position=1,
+        timers={"event": TimerChanges(remove=[b"t100", b"t200"])},
+    )  # fmt: skip
+    assert await store.next_timer(job, 0, "event") == Timer(300, b"t300")
+    assert (await store.key_group_info(job, 0)).timers == 4
+
+
+async def test_job_info_is_written_once(store: RedisStateStore, job: str) -> None:
+    first = await store.init_job(job, 16)
+    again = await store.init_job(job, 32)
+    assert again == first
+    assert first.key_groups == 16 and first.created_at > 0
+    with pytest.raises(ValueError, match="invalid job name"):
+        await store.init_job("Bad/Name", 4)
+
+
+async def test_assignment_publish_is_compare_and_set(store: RedisStateStore, job: str) -> None:
+    assert await store.get_assignment(job) is None
+    g1 = Assignment(generation=1, parallelism=2, owners=(0, 0, 1, 1))
+    await store.publish_assignment(job, g1, expected_generation=0)
+    assert await store.get_assignment(job) == g1
+    with pytest.raises(StaleGeneration) as caught:
+        await store.publish_assignment(job, Assignment(2, 1, (0, 0, 0, 0)), expected_generation=0)
+    assert caught.value.stored == 1
+    g2 = Assignment(generation=2, parallelism=1, owners=(0, 0, 0, 0), forced=frozenset({2, 3}))
+    await store.publish_assignment(job, g2, expected_generation=1)
+    assert await store.get_assignment(job) == g2
+
+
+async def test_watchers_are_notified_of_each_new_generation(
+    store: RedisStateStore, job: str
+) -> None:
+    await store.publish_assignment(job, Assignment(1, 1, (0, 0)), expected_generation=0)
+    # a long poll interval: a prompt answer proves the notification, not the poll
+    watcher = store.watch_assignment(job, poll_interval=30.0)
+    assert (await asyncio.wait_for(anext(watcher), 5)).generation == 1
+    next_one = asyncio.ensure_future(anext(watcher))
+    await store.publish_assignment(job, Assignment(2, 2, (0, 1)), expected_generation=1)
+    assert (await asyncio.wait_for(next_one, 5)).generation == 2
+    await watcher.aclose()
+
+
+async def test_watch_falls_back_to_polling(store: RedisStateStore, job: str) -> None:
+    """A generation written behind the notification's back is still seen."""
+    from keyshift.store import keys
+
+    watcher = store.watch_assignment(job, poll_interval=0.2)
+    first = asyncio.ensure_future(anext(watcher))
+    await store.publish_assignment(job, Assignment(1, 1, (0,)), expected_generation=0)
+    assert (await asyncio.wait_for(first, 5)).generation == 1
+    nxt = asyncio.ensure_future(anext(watcher))
+    # write generation 2 directly, without a notification
+    raw = await store._client.hget(keys.assignment(job), "payload")
+    await store._client.hset(
+        keys.assignment(job),
+        mapping={"generation": 2, "payload": raw.replace(b'"generation":1', b'"generation":2')},
+    )
+    assert (await asyncio.wait_for(nxt, 5)).generation == 2
+    await watcher.aclose()
+
+
+async def test_worker_generation_acknowledgements(store: RedisStateStore, job: str) -> None:
+    await store.ack_generation(job, "0", 3)
+    await store.ack_generation(job, "1", 2)
+    await store.ack_generation(job, "1", 3)
+    assert await store.worker_generations(job) == {"0": 3, "1": 3}
+    await store.forget_worker(job, "1")
+    assert await store.worker_generations(job) == {"0": 3}
+
+
+async def _fill(store: RedisStateStore, job: str, key_groups: int) -> None:
+    await store.init_job(job, key_groups)
+    await store.publish_assignment(
+        job, Assignment(1, 1, tuple(0 for _ in range(key_groups))), expected_generation=0
+    )
+    for kg in range(key_groups):
+        c = await store.claim(job, kg, "w0")
+        await store.commit(
+            job, kg, epoch=c.epoch, token=c.token, seq=0,
+            puts={"count": {f"k{i}".encode(): str(kg * i).encode() for i in range(50 + kg)},
+                  "seen": {b"x": bytes([kg])}},
+            position=100 + kg, watermark=1000 * kg,
+            timers={"event": TimerChanges(add=[Timer(kg + 1, b"t%d" % kg)])},
+        )  # fmt: skip
+
+
+async def test_list_key_groups_shows_owner_position_and_size(
+    store: RedisStateStore, job: str
+) -> None:
+    await _fill(store, job, 4)
+    listing = await store.list_key_groups(job)
+    assert [(i.key_group, i.owner, i.position, i.entries, i.timers) for i in listing] == [
+        (kg, "w0", 100 + kg, 50 + kg + 1, 1) for kg in range(4)
+    ]
+
+
+async def test_delete_job_removes_only_that_job(store: RedisStateStore, job: str) -> None:
+    other = job + "-other"
+    await _fill(store, job, 3)
+    await _fill(store, other, 2)
+    removed = await store.delete_job(job)
+    assert removed > 0
+    assert await store.job_info(job) is None
+    assert await store.get_assignment(job) is None
+    assert (await store.key_group_info(job, 0)).epoch == 0
+    assert await store.get_many(job, 0, "count", [b"k1"]) == {}
+    assert [i.position for i in await store.list_key_groups(other)] == [100, 101]
+    await store.delete_job(other)
+
+
+async def test_export_import_round_trip(store: RedisStateStore, job: str, tmp_path: Path) -> None:
+    await _fill(store, job, 4)
+    path = tmp_path / "savepoint.ks"
+    exported = await export_job(store, job, path)
+    assert exported.key_groups == 4
+    before = [await store.dump_key_group(job, kg) for kg in range(4)]
+    await store.delete_job(job)
+    imported = await import_job(store, job, path)
+    assert imported.key_groups == 4
+    after = [await store.dump_key_group(job, kg) for kg in range(4)]
+    for b, a in zip(before, after, strict=True):
+        assert (a.states, a.timers, a.position, a.watermark, a.seq) == (
+            b.states, b.timers, b.position, b.watermark, b.seq,
+        )  # fmt: skip
+        assert a.epoch > b.epoch  # old writers are fenced
+    assert (await store.job_info(job)) is not None
+    # a claim after import resumes at the imported position
+    c = await store.claim(job, 2, "w9")
+    assert (c.position, c.seq) == (102, before[2].seq)
+
+
+async def test_import_refuses_a_job_that_has_state(
+    store: RedisStateStore, job: str, tmp_path: Path
+) -> None:
+    await _fill(store, job, 2)
+    path = tmp_path / "sp.ks"
+    await export_job(store, job, path)
+    with pytest.raises(ValueError, match="already has state"):
+        await import_job(store, job, path)
