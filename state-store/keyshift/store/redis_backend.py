@@ -16,8 +16,8 @@ import contextlib
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Mapping
-from importlib import resources
 from functools import partial
+from importlib import resources
 from typing import Any, Literal, TypeVar
 
 import msgspec
