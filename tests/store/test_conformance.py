@@ -178,6 +178,9 @@ async def test_release_marks_generation_and_fences_the_releaser(
         await store.commit(job, 5, epoch=c.epoch, token=c.token, seq=1, position=9)
     nxt = await store.claim(job, 5, "w1", generation=2)
     assert (nxt.epoch, nxt.position, nxt.seq) == (c.epoch + 1, 8, 1)
+    handed = await store.key_group_info(job, 5)
+    assert handed.claimed_at is not None and handed.released_at is not None
+    assert handed.last_pause == pytest.approx(handed.claimed_at - handed.released_at)
     with pytest.raises(Fenced):
         await store.release(job, 5, epoch=c.epoch, token=c.token, generation=3)
 
@@ -249,6 +252,11 @@ async def test_assignment_publish_is_compare_and_set(store: RedisStateStore, job
     g2 = Assignment(generation=2, parallelism=1, owners=(0, 0, 0, 0), forced=frozenset({2, 3}))
     await store.publish_assignment(job, g2, expected_generation=1)
     assert await store.get_assignment(job) == g2
+    # the same publication again (a retry whose reply was lost) is accepted as done
+    await store.publish_assignment(job, g2, expected_generation=1)
+    # another assignment of generation 2 is not
+    with pytest.raises(StaleGeneration):
+        await store.publish_assignment(job, Assignment(2, 2, (0, 1, 0, 1)), expected_generation=1)
 
 
 async def test_watchers_are_notified_of_each_new_generation(

@@ -155,6 +155,13 @@ class KeyGroupInfo:
     entries: int
     """Number of state entries over all of the key group's states."""
     timers: int
+    claimed_at: float | None = None
+    """Unix time of the last claim (the claimer's clock)."""
+    released_at: float | None = None
+    committed_at: float | None = None
+    last_pause: float | None = None
+    """Seconds the last handoff paused this key group: from the previous owner's
+    release (or, after a claim by force, its last commit) to the claim."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,10 @@ def _escape_glob(prefix: bytes) -> bytes:
     return bytes(out)
 
 
+def _float(value: bytes | None) -> float | None:
+    return None if value is None or value == b"" else float(value)
+
+
 def _int(value: bytes | str | None, default: int = 0) -> int:
     return default if value is None or value == b"" else int(value)
 
@@ -96,6 +100,8 @@ class RedisStateStore:
         self.cluster = cluster
         self.url = url
         self.retry_seconds = retry_seconds
+        self._initialized = not cluster
+        self._init_lock = asyncio.Lock()
         self._scripts = {
             name: self._client.register_script(_load_script(name))
             for name in ("claim", "commit", "release", "publish_assignment", "load_key_group")
@@ -103,12 +109,27 @@ class RedisStateStore:
 
     # -- plumbing ------------------------------------------------------------
 
+    async def _initialize(self) -> None:
+        """Load the cluster's slot map once, before any command.
+
+        redis-py's asyncio cluster client initialises lazily; when several
+        commands race into that first initialisation, it drops connections
+        under commands already sent and retries them (a claim applied twice),
+        or fails with an AttributeError. Initialising first, alone, avoids both.
+        """
+        async with self._init_lock:
+            if not self._initialized:
+                await self._client.initialize()
+                self._initialized = True
+
     async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """Run ``call``, retrying transient errors with capped exponential back-off."""
         deadline = time.monotonic() + self.retry_seconds
         delay = 0.02
         while True:
             try:
+                if not self._initialized:
+                    await self._initialize()
                 return await call()
             except TRANSIENT_ERRORS as exc:
                 if time.monotonic() + delay > deadline:
@@ -168,10 +189,9 @@ class RedisStateStore:
         check_job_name(job)
         token = secrets.token_hex(16)
         epoch, seq, position, watermark = await self._script(
-            "claim", [keys.meta(job, key_group)], [owner, token, generation]
+            "claim", [keys.meta(job, key_group)], [owner, token, generation, repr(time.time())]
         )
-        # A retried claim (reply lost) bumps the epoch twice, which is harmless:
-        # the claimer holds the newer epoch and token.
+        # a retried claim (reply lost) is recognised by its token: one epoch, not two
         return Claim(
             job=job,
             key_group=key_group,
@@ -210,6 +230,7 @@ class RedisStateStore:
             "" if watermark is None else watermark,
             len(state_names),
             len(timers),
+            repr(time.time()),
         ]
         for name in state_names:
             check_state_name(name)
@@ -246,7 +267,9 @@ class RedisStateStore:
         self, job: str, key_group: int, *, epoch: int, token: str, generation: int
     ) -> None:
         reply = await self._script(
-            "release", [keys.meta(job, key_group)], [epoch, token, generation]
+            "release",
+            [keys.meta(job, key_group)],
+            [epoch, token, generation, repr(time.time())],
         )
         if reply[0] != b"OK":
             raise Fenced(
@@ -287,6 +310,10 @@ class RedisStateStore:
             released_generation=_int(meta.get(b"released_generation")),
             entries=entries,
             timers=timer_count,
+            claimed_at=_float(meta.get(b"claimed_at")),
+            released_at=_float(meta.get(b"released_at")),
+            committed_at=_float(meta.get(b"committed_at")),
+            last_pause=_float(meta.get(b"pause")),
         )
 
     # -- reads ---------------------------------------------------------------
@@ -442,8 +469,7 @@ class RedisStateStore:
 
     async def _subscribe(self, channel: str) -> Any:
         try:
-            if self.cluster:
-                await self._client.initialize()  # the slot map routes the shard channel
+            await self._initialize()  # a cluster's slot map routes the shard channel
             pubsub = self._client.pubsub()
             await pubsub.ssubscribe(channel)
             return pubsub
@@ -487,6 +513,7 @@ class RedisStateStore:
 
     async def delete_job(self, job: str) -> int:
         check_job_name(job)
+        await self._initialize()
         found: list[bytes] = []
         for pattern in keys.job_patterns(job):
             async for key in self._client.scan_iter(match=pattern, count=1000):
@@ -522,6 +549,7 @@ class RedisStateStore:
 
     async def load_key_group(self, job: str, dump: KeyGroupDump) -> None:
         kg = dump.key_group
+        await self._initialize()
         old_names = await self._client.smembers(keys.names(job, kg))
         for raw_name in old_names:
             kind, _, name = raw_name.decode().partition(":")

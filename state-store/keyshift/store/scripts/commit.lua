@@ -2,7 +2,7 @@
 -- KEYS[1] meta hash, KEYS[2] names set, KEYS[3..] state hashes then timer sets
 -- ARGV[1] epoch  ARGV[2] token  ARGV[3] seq  ARGV[4] position
 -- ARGV[5] watermark ('' keeps the stored one)  ARGV[6] number of state hashes
--- ARGV[7] number of timer sets
+-- ARGV[7] number of timer sets  ARGV[8] now (unix seconds)
 -- then per state hash:  name, nputs, ndeletes, k1, v1, ..., d1, ...
 -- then per timer set:   name, nadds, nremoves, score1, member1, ..., r1, ...
 -- Returns {'OK', next_seq, replayed} or {'FENCED', reason, stored_epoch, stored_seq}.
@@ -33,7 +33,7 @@ local function apply(cmd, key, first, count, stride)
   end
 end
 
-local arg = 8
+local arg = 9
 local key = 3
 for _ = 1, tonumber(ARGV[6]) do
   local name, nput, ndel = ARGV[arg], tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2])
@@ -56,7 +56,7 @@ for _ = 1, tonumber(ARGV[7]) do
   key = key + 1
 end
 
-redis.call('HSET', KEYS[1], 'seq', want_seq + 1, 'position', ARGV[4])
+redis.call('HSET', KEYS[1], 'seq', want_seq + 1, 'position', ARGV[4], 'committed_at', ARGV[8])
 if ARGV[5] ~= '' then
   redis.call('HSET', KEYS[1], 'watermark', ARGV[5])
 end

@@ -1,5 +1,5 @@
 -- Release a key group at a generation, if the fence matches.
--- KEYS[1] meta hash;  ARGV epoch, token, generation
+-- KEYS[1] meta hash;  ARGV epoch, token, generation, now (unix seconds)
 -- Returns {'OK'} or {'FENCED', 'epoch', stored_epoch, stored_seq}.
 local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'seq', 'released_generation')
 local epoch = tonumber(m[1] or '0')
@@ -13,5 +13,6 @@ end
 if m[2] ~= ARGV[2] then
   return {'FENCED', 'epoch', epoch, seq}
 end
-redis.call('HSET', KEYS[1], 'token', '', 'owner', '', 'released_generation', ARGV[3])
+redis.call('HSET', KEYS[1], 'token', '', 'owner', '', 'released_generation', ARGV[3],
+           'released_at', ARGV[4])
 return {'OK'}
