@@ -1,0 +1,276 @@
+"""The user API: a keyed process function over keyed state, in Python idiom.
+
+A job is a plain function ``process(record, ctx)`` called once per record, with
+the record's key current in ``ctx``.  Keyed state is declared up front, by name,
+with :class:`ValueState`, :class:`MapState` and :class:`ListState`; inside the
+function ``ctx.state(descriptor)`` gives the handle scoped to the current key.
+Outputs go to ``ctx.emit(value)``.  Example (``examples/counter.py``)::
+
+    count = ValueState("count", int, default=0)
+
+    def process(event: Event, ctx: Context) -> None:
+        c = ctx.state(count)
+        c.update(c.value() + 1)
+        ctx.emit({"key": event.key, "count": c.value()})
+
+    job = Job(name="counter", process=process, key_by=lambda e: e.key, states=[count])
+
+Values are serialised with msgpack (msgspec), decoded to the declared type.
+A record's state changes and outputs are applied only if the function returns;
+if it raises, none of them happen (see ``errorPolicy``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import msgspec
+
+from keyshift.store.protocol import check_state_name
+
+R = TypeVar("R")
+V = TypeVar("V")
+MK = TypeVar("MK")
+H = TypeVar("H", covariant=True)
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode_key(key: Hashable) -> bytes:
+    """The stored form of a record key (msgpack, so any msgpack-able key works)."""
+    return _encoder.encode(key)
+
+
+def decode_key(raw: bytes) -> Any:
+    return msgspec.msgpack.decode(raw)
+
+
+class StateAccess(Protocol):
+    """What a state handle needs from the runtime: reads and writes of the current key."""
+
+    def read(self, state: str) -> bytes | None: ...
+    def write(self, state: str, value: bytes | None) -> None: ...
+
+
+class StateSpec(Protocol[H]):
+    """A state declaration; ``bind`` makes the handle ``ctx.state`` returns."""
+
+    @property
+    def name(self) -> str: ...
+
+    def bind(self, access: StateAccess) -> H: ...
+
+
+@dataclass(frozen=True, eq=False)
+class ValueState(Generic[V]):
+    """One value per key; ``value()`` is ``default`` until updated."""
+
+    name: str
+    type: type[V]
+    default: V | None = None
+    _decoder: msgspec.msgpack.Decoder[Any] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        check_state_name(self.name)
+        object.__setattr__(self, "_decoder", msgspec.msgpack.Decoder(self.type))
+
+    def bind(self, access: StateAccess) -> ValueHandle[V]:
+        return ValueHandle(self, access)
+
+
+@dataclass(frozen=True, eq=False)
+class MapState(Generic[MK, V]):
+    """A map per key: ``get``/``put``/``remove``/``items``.
+
+    A key's whole map is one stored value, so keep per-key maps moderate
+    (thousands of entries, not millions).
+    """
+
+    name: str
+    key_type: type[MK]
+    value_type: type[V]
+    _decoder: msgspec.msgpack.Decoder[Any] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        check_state_name(self.name)
+        decoded: Any = dict[self.key_type, self.value_type]  # type: ignore[name-defined]
+        object.__setattr__(self, "_decoder", msgspec.msgpack.Decoder(decoded))
+
+    def bind(self, access: StateAccess) -> MapHandle[MK, V]:
+        return MapHandle(self, access)
+
+
+@dataclass(frozen=True, eq=False)
+class ListState(Generic[V]):
+    """An append-only list per key: ``append``/iterate/``clear``."""
+
+    name: str
+    element_type: type[V]
+    _decoder: msgspec.msgpack.Decoder[Any] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        check_state_name(self.name)
+        decoded: Any = list[self.element_type]  # type: ignore[name-defined]
+        object.__setattr__(self, "_decoder", msgspec.msgpack.Decoder(decoded))
+
+    def bind(self, access: StateAccess) -> ListHandle[V]:
+        return ListHandle(self, access)
+
+
+class ValueHandle(Generic[V]):
+    __slots__ = ("_access", "_spec")
+
+    def __init__(self, spec: ValueState[V], access: StateAccess) -> None:
+        self._spec = spec
+        self._access = access
+
+    def value(self) -> V:
+        raw = self._access.read(self._spec.name)
+        if raw is None:
+            return self._spec.default  # type: ignore[return-value]
+        result: V = self._spec._decoder.decode(raw)
+        return result
+
+    def update(self, value: V) -> None:
+        self._access.write(self._spec.name, _encoder.encode(value))
+
+    def clear(self) -> None:
+        self._access.write(self._spec.name, None)
+
+
+class MapHandle(Generic[MK, V]):
+    __slots__ = ("_access", "_spec")
+
+    def __init__(self, spec: MapState[MK, V], access: StateAccess) -> None:
+        self._spec = spec
+        self._access = access
+
+    def _load(self) -> dict[MK, V]:
+        raw = self._access.read(self._spec.name)
+        if raw is None:
+            return {}
+        result: dict[MK, V] = self._spec._decoder.decode(raw)
+        return result
+
+    def _store(self, mapping: dict[MK, V]) -> None:
+        self._access.write(self._spec.name, _encoder.encode(mapping) if mapping else None)
+
+    def get(self, key: MK, default: V | None = None) -> V | None:
+        return self._load().get(key, default)
+
+    def __contains__(self, key: MK) -> bool:
+        return key in self._load()
+
+    def put(self, key: MK, value: V) -> None:
+        mapping = self._load()
+        mapping[key] = value
+        self._store(mapping)
+
+    def remove(self, key: MK) -> None:
+        mapping = self._load()
+        if key in mapping:
+            del mapping[key]
+            self._store(mapping)
+
+    def items(self) -> Iterator[tuple[MK, V]]:
+        return iter(list(self._load().items()))
+
+    def keys(self) -> Iterator[MK]:
+        return iter(list(self._load()))
+
+    def __iter__(self) -> Iterator[MK]:
+        return self.keys()
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+    def clear(self) -> None:
+        self._access.write(self._spec.name, None)
+
+
+class ListHandle(Generic[V]):
+    __slots__ = ("_access", "_spec")
+
+    def __init__(self, spec: ListState[V], access: StateAccess) -> None:
+        self._spec = spec
+        self._access = access
+
+    def get(self) -> list[V]:
+        raw = self._access.read(self._spec.name)
+        if raw is None:
+            return []
+        result: list[V] = self._spec._decoder.decode(raw)
+        return result
+
+    def append(self, value: V) -> None:
+        items = self.get()
+        items.append(value)
+        self._access.write(self._spec.name, _encoder.encode(items))
+
+    def extend(self, values: Sequence[V]) -> None:
+        items = self.get()
+        items.extend(values)
+        self._access.write(self._spec.name, _encoder.encode(items))
+
+    def __iter__(self) -> Iterator[V]:
+        return iter(self.get())
+
+    def __len__(self) -> int:
+        return len(self.get())
+
+    def clear(self) -> None:
+        self._access.write(self._spec.name, None)
+
+
+class Context(Protocol):
+    """What a process function sees: the current key, its origin, state, output."""
+
+    @property
+    def key(self) -> Any: ...
+    @property
+    def key_group(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    def state(self, spec: StateSpec[H]) -> H: ...
+    def emit(self, value: Any) -> None: ...
+
+
+ProcessFunction = Callable[[R, Context], None]
+
+
+@dataclass(frozen=True)
+class Job(Generic[R]):
+    """A keyed job: how to key records, what state to keep, what to do per record."""
+
+    name: str
+    process: Callable[[R, Context], None]
+    key_by: Callable[[R], Hashable]
+    states: Sequence[ValueState[Any] | MapState[Any, Any] | ListState[Any]] = ()
+
+    def __post_init__(self) -> None:
+        names = [s.name for s in self.states]
+        duplicates = {n for n in names if names.count(n) > 1}
+        if duplicates:
+            raise ValueError(f"job {self.name!r}: state names declared twice: {duplicates}")
+
+    @property
+    def state_names(self) -> list[str]:
+        return [s.name for s in self.states]
+
+
+def load_job(entrypoint: str) -> Job[Any]:
+    """Import ``module:attribute`` and check that it is a :class:`Job`."""
+    import importlib
+
+    module_name, sep, attribute = entrypoint.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"job entrypoint {entrypoint!r}: expected 'module:attribute'")
+    module = importlib.import_module(module_name)
+    obj: Any = module
+    for part in attribute.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, Job):
+        raise TypeError(f"job entrypoint {entrypoint!r} is a {type(obj).__name__}, not a Job")
+    return obj

@@ -1,0 +1,63 @@
+"""Handoff decisions, as pure functions of assignments and what the store says.
+
+The worker asks two questions when an assignment arrives:
+
+- :func:`plan_handoff`: which key groups do I release, claim, keep?
+- :func:`may_claim`: may I claim this key group now, or must I wait for its
+  previous owner to release it?
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from keyshift.store.protocol import Assignment
+
+
+@dataclass(frozen=True)
+class HandoffPlan:
+    generation: int
+    release: frozenset[int]
+    """Key groups I run that the new assignment gives to others (or to nobody)."""
+    claim: frozenset[int]
+    """Key groups the new assignment gives me that I do not run yet."""
+    keep: frozenset[int]
+    """Key groups I run and keep: they never pause."""
+    forced: frozenset[int]
+    """The part of ``claim`` to claim at once, without waiting for a release."""
+
+
+def plan_handoff(running: Collection[int], new: Assignment, me: int) -> HandoffPlan:
+    """What worker ``me``, running ``running``, does to move to ``new``."""
+    mine = frozenset(new.owned_by(me))
+    current = frozenset(running)
+    claim = mine - current
+    return HandoffPlan(
+        generation=new.generation,
+        release=current - mine,
+        claim=claim,
+        keep=current & mine,
+        forced=claim & new.forced,
+    )
+
+
+def may_claim(*, store_owner: str, me: str, forced: bool) -> bool:
+    """Whether to claim now: forced, released (no owner), or my own (I restarted)."""
+    return forced or store_owner in ("", me)
+
+
+def stale_claims(
+    owners_in_store: dict[int, str], assignment: Assignment, me: int, me_name: str
+) -> list[int]:
+    """Key groups the store says I own but the assignment gives to someone else.
+
+    After a crash, a restarted worker finds these: its previous incarnation held
+    them and never released them.  It releases them (claim, then release) so
+    that their new owners need not wait for a forced claim.
+    """
+    return sorted(
+        kg
+        for kg, owner in owners_in_store.items()
+        if owner == me_name and kg < assignment.key_groups and assignment.owners[kg] != me
+    )

@@ -1,0 +1,372 @@
+"""Processing of one key group: read a batch, load its state, run the user
+function per record, checkpoint (flush the sink, then commit), release.
+
+A :class:`KeyGroupRunner` holds a claim (epoch, token) and the commit sequence.
+Its task ends with an :class:`Outcome`: released (handoff), fenced (the store
+rejected a commit: the cache of the key group is dropped), or stopped (worker
+shutdown).  A user-function error under ``errorPolicy: fail`` checkpoints the
+records before the failing one and parks the key group, still owned, until the
+assignment moves it; ``skip`` counts and logs the record and goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from keyshift.runtime.aio import wait_event
+from keyshift.runtime.api import Job, encode_key
+from keyshift.runtime.cache import CacheMiss, StateCache
+from keyshift.runtime.faults import crash_point
+from keyshift.runtime.metrics import WorkerMetrics
+from keyshift.runtime.sinks import Sink
+from keyshift.runtime.sources.generator import Generator
+from keyshift.runtime.store import WorkerStore
+from keyshift.store.protocol import Claim, Fenced, StoreUnavailable
+
+log = logging.getLogger("keyshift.runtime")
+
+
+class Outcome(enum.Enum):
+    RELEASED = "released"
+    FENCED = "fenced"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class RunnerResult:
+    key_group: int
+    outcome: Outcome
+    fenced: Fenced | None = None
+
+    @property
+    def store_lost_commit(self) -> bool:
+        """Fenced because the store lost data (not because someone else claimed)."""
+        f = self.fenced
+        return f is not None and (f.reason == "sequence" or f.stored_epoch < f.expected_epoch)
+
+
+@dataclass(frozen=True)
+class RuntimeDeps:
+    """What every runner of a worker shares."""
+
+    job_name: str
+    job: Job[Any]
+    store: WorkerStore
+    cache: StateCache
+    sink: Sink
+    source: Generator
+    metrics: WorkerMetrics
+    checkpoint_interval: float
+    batch_size: int
+    error_policy: Literal["fail", "skip"]
+
+
+class _NotLoaded(BaseException):
+    """A declared state of the current key was evicted before use: reload, retry the record.
+
+    A ``BaseException`` so that a user function's ``except Exception`` cannot
+    swallow it.
+    """
+
+
+class RecordContext:
+    """The ``ctx`` of a process function; reused for every record of a key group."""
+
+    __slots__ = (
+        "_cache",
+        "_declared",
+        "_handles",
+        "_key",
+        "_key_bytes",
+        "_kg",
+        "_offset",
+        "_outputs",
+        "_pending",
+    )
+
+    def __init__(self, key_group: int, cache: StateCache, declared: Sequence[str]) -> None:
+        self._kg = key_group
+        self._cache = cache
+        self._declared = frozenset(declared)
+        self._handles: dict[Any, Any] = {}
+        self._key: Any = None
+        self._key_bytes = b""
+        self._offset = 0
+        self._pending: dict[str, bytes | None] = {}
+        self._outputs: list[Any] = []
+
+    def begin(self, key: Hashable, key_bytes: bytes, offset: int) -> None:
+        self._key = key
+        self._key_bytes = key_bytes
+        self._offset = offset
+        if self._pending:
+            self._pending = {}
+        if self._outputs:
+            self._outputs = []
+
+    # -- Context ---------------------------------------------------------------
+    @property
+    def key(self) -> Any:
+        return self._key
+
+    @property
+    def key_group(self) -> int:
+        return self._kg
+
+    @property
+    def offset(self) -> int:
+        return self._offset
+
+    def state(self, spec: Any) -> Any:
+        handle = self._handles.get(spec)
+        if handle is None:
+            if spec.name not in self._declared:
+                raise ValueError(f"state {spec.name!r} is not declared: add it to the Job's states")
+            handle = self._handles[spec] = spec.bind(self)
+        return handle
+
+    def emit(self, value: Any) -> None:
+        self._outputs.append(value)
+
+    # -- StateAccess -------------------------------------------------------------
+    def read(self, state: str) -> bytes | None:
+        pending = self._pending
+        if state in pending:
+            return pending[state]
+        try:
+            return self._cache.get(self._kg, state, self._key_bytes)
+        except CacheMiss:
+            raise _NotLoaded from None
+
+    def write(self, state: str, value: bytes | None) -> None:
+        self._pending[state] = value
+
+
+class UserFunctionError(Exception):
+    def __init__(self, key_group: int, offset: int, cause: BaseException) -> None:
+        self.key_group = key_group
+        self.offset = offset
+        self.cause = cause
+        super().__init__(
+            f"user function failed on key group {key_group} offset {offset}: "
+            f"{type(cause).__name__}: {cause}"
+        )
+
+
+class KeyGroupRunner:
+    def __init__(self, deps: RuntimeDeps, claim: Claim) -> None:
+        self.deps = deps
+        self.key_group = claim.key_group
+        self.epoch = claim.epoch
+        self.token = claim.token
+        self.seq = claim.seq
+        self.position = claim.position
+        self.committed_position = claim.position
+        self.failed: UserFunctionError | None = None
+        self.release_generation: int | None = None
+        self.stopping = False
+        self._wake = asyncio.Event()
+        # spread the key groups' checkpoints over the interval, so that their
+        # commits do not all queue at the store at once
+        phase = (self.key_group * 0.618034) % 1.0
+        self._last_checkpoint = time.monotonic() - phase * deps.checkpoint_interval
+        self._ctx = RecordContext(self.key_group, deps.cache, deps.job.state_names)
+        self.records_processed = 0
+
+    # -- control (called by the worker) -----------------------------------------
+
+    def request_release(self, generation: int) -> None:
+        """Finish the batch, flush, commit, mark released at ``generation``, drop the cache."""
+        self.release_generation = generation
+        self._wake.set()
+
+    def request_stop(self) -> None:
+        """Checkpoint and stop without releasing (worker shutdown)."""
+        self.stopping = True
+        self._wake.set()
+
+    @property
+    def releasing(self) -> bool:
+        return self.release_generation is not None
+
+    # -- the loop -----------------------------------------------------------------
+
+    async def run(self) -> RunnerResult:
+        deps = self.deps
+        kg = self.key_group
+        try:
+            while True:
+                try:
+                    if self.release_generation is not None:
+                        await self._release(self.release_generation)
+                        return RunnerResult(kg, Outcome.RELEASED)
+                    if self.stopping:
+                        if self.failed is None:
+                            await self.checkpoint()
+                        return RunnerResult(kg, Outcome.STOPPED)
+                    if self.failed is not None:
+                        await self._wait(None)
+                        continue
+                    await self._step()
+                except StoreUnavailable as exc:
+                    log.warning("key group %d: %s; retrying", kg, exc)
+                    await self._wait(1.0)
+        except Fenced as fenced:
+            deps.metrics.commits_fenced.inc()
+            deps.cache.drop(kg)
+            log.warning("key group %d fenced: %s", kg, fenced)
+            return RunnerResult(kg, Outcome.FENCED, fenced)
+        except asyncio.CancelledError:
+            deps.cache.drop(kg)
+            raise
+        finally:
+            deps.metrics.forget_key_group(kg)
+            if self.failed is not None:
+                deps.metrics.key_groups_failed.dec()
+
+    async def _step(self) -> None:
+        deps = self.deps
+        kg = self.key_group
+        now = time.time()
+        end = deps.source.available(kg, now)
+        deps.metrics.source(kg, end, self.position)
+        due = time.monotonic() - self._last_checkpoint >= deps.checkpoint_interval
+        if self.position >= end:
+            exhausted = deps.source.exhausted(kg, self.position)
+            if due or exhausted:  # a bounded source that ended: commit its tail now
+                await self.checkpoint()
+            if exhausted:
+                until_data = 1.0  # a bounded source: nothing more will come
+            else:
+                until_data = deps.source.when_available(kg, self.position, now) - now
+            if self.position != self.committed_position or deps.cache.dirty_bytes_of(kg):
+                until_checkpoint = max(
+                    0.01, self._last_checkpoint + deps.checkpoint_interval - time.monotonic()
+                )
+            else:
+                until_checkpoint = 1.0
+            await self._wait(max(0.001, min(until_data, until_checkpoint)))
+            return
+        # busy: the time spent on this batch on the event loop, store round trips excluded
+        started = time.perf_counter()
+        stop = min(end, self.position + deps.batch_size)
+        records = deps.source.read(kg, self.position, stop)
+        keys = [deps.job.key_by(r) for r in records]
+        key_bytes = [encode_key(k) for k in keys]
+        waited = await self._load(key_bytes)
+        try:
+            done = self._process(records, keys, key_bytes)
+        finally:
+            deps.metrics.busy_seconds.inc(max(0.0, time.perf_counter() - started - waited))
+        deps.metrics.records_processed.inc(done)
+        if self.failed is not None or due or deps.cache.needs_checkpoint:
+            await self.checkpoint()
+        await asyncio.sleep(0)  # let the other key groups and the watcher run
+
+    async def _load(self, key_bytes: list[bytes]) -> float:
+        """Load the batch's missing state entries; return the seconds spent waiting."""
+        waited = 0.0
+        deps = self.deps
+        cache = deps.cache
+        states = deps.job.state_names
+        protect = len(set(key_bytes)) * len(states)
+        for state in states:
+            missing = cache.missing(self.key_group, state, key_bytes)
+            if missing:
+                before = time.perf_counter()
+                found = await deps.store.get_many(deps.job_name, self.key_group, state, missing)
+                waited += time.perf_counter() - before
+                cache.fill(self.key_group, state, missing, found, protect=protect)
+        deps.metrics.cache_counts(cache.hits, cache.misses)
+        return waited
+
+    def _process(
+        self, records: Sequence[Any], keys: Sequence[Hashable], key_bytes: list[bytes]
+    ) -> int:
+        deps = self.deps
+        kg = self.key_group
+        ctx = self._ctx
+        process = deps.job.process
+        cache = deps.cache
+        emit = deps.sink.emit
+        offset = self.position
+        done = 0
+        for i, record in enumerate(records):
+            ctx.begin(keys[i], key_bytes[i], offset)
+            try:
+                process(record, ctx)
+            except _NotLoaded:
+                break  # the next step reloads it
+            except Exception as exc:
+                if deps.error_policy == "fail":
+                    self.failed = UserFunctionError(kg, offset, exc)
+                    deps.metrics.key_groups_failed.inc()
+                    log.error("%s; key group %d stopped (errorPolicy fail)", self.failed, kg)
+                    break
+                deps.metrics.records_skipped.inc()
+                log.warning(
+                    "skipped record (key group %d, offset %d): %s: %s",
+                    kg, offset, type(exc).__name__, exc,
+                )  # fmt: skip
+                offset += 1
+                done += 1
+                continue
+            kb = key_bytes[i]
+            for state, value in ctx._pending.items():
+                cache.put(kg, state, kb, value)
+            for value in ctx._outputs:
+                emit(kg, offset, value)
+            offset += 1
+            done += 1
+        self.position = offset
+        self.records_processed += done
+        return done
+
+    async def checkpoint(self) -> None:
+        """Flush the sink, then commit dirty state and the position (fenced)."""
+        deps = self.deps
+        kg = self.key_group
+        self._last_checkpoint = time.monotonic()
+        if self.position == self.committed_position and not deps.cache.dirty_bytes_of(kg):
+            return
+        await deps.sink.flush()
+        puts, deletes = deps.cache.dirty_changes(kg)
+        started = time.perf_counter()
+        crash_point("commit.before")
+        result = await deps.store.commit(
+            deps.job_name,
+            kg,
+            epoch=self.epoch,
+            token=self.token,
+            seq=self.seq,
+            puts=puts,
+            deletes=deletes,
+            position=self.position,
+        )
+        crash_point("commit.after")
+        deps.metrics.commit_duration.observe(time.perf_counter() - started)
+        self.seq = result.seq
+        self.committed_position = self.position
+        deps.cache.committed(kg)
+
+    async def _release(self, generation: int) -> None:
+        deps = self.deps
+        if self.failed is None:
+            await self.checkpoint()
+        crash_point("release.before")
+        await deps.store.release(
+            deps.job_name, self.key_group, epoch=self.epoch, token=self.token, generation=generation
+        )
+        crash_point("release.after")
+        deps.cache.drop(self.key_group)
+
+    async def _wait(self, seconds: float | None) -> None:
+        """Wait for a control request, at most ``seconds``."""
+        if await wait_event(self._wake, seconds):
+            self._wake.clear()

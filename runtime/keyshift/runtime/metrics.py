@@ -1,0 +1,100 @@
+"""The worker's Prometheus metrics (names and labels as in DESIGN.md).
+
+Each worker has its own registry, so several workers can live in one process
+(tests, benchmarks).  Labels: ``job``, ``worker``; per key group metrics add
+``key_group``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class WorkerMetrics:
+    def __init__(self, job: str, worker: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["job", "worker"]
+        kg_labels = [*labels, "key_group"]
+        self.labels = {"job": job, "worker": worker}
+        r = self.registry
+        self.records_processed = Counter(
+            "keyshift_records_processed", "Records processed", labels, registry=r
+        ).labels(**self.labels)
+        self.busy_seconds = Counter(
+            "keyshift_busy_seconds", "Seconds spent processing records", labels, registry=r
+        ).labels(**self.labels)
+        self._end_offset = Gauge(
+            "keyshift_source_end_offset", "Records available in the source", kg_labels, registry=r
+        )
+        self._position = Gauge(
+            "keyshift_source_position", "Next offset to process", kg_labels, registry=r
+        )
+        self._lag = Gauge(
+            "keyshift_source_lag_records", "Available minus position", kg_labels, registry=r
+        )
+        self.cache_hits = Counter(
+            "keyshift_state_cache_hits", "State reads served by the cache", labels, registry=r
+        ).labels(**self.labels)
+        self.cache_misses = Counter(
+            "keyshift_state_cache_misses", "State reads loaded from the store", labels, registry=r
+        ).labels(**self.labels)
+        self.commit_duration = Histogram(
+            "keyshift_commit_duration_seconds",
+            "Duration of a checkpoint commit (sink flush excluded)",
+            labels,
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        ).labels(**self.labels)
+        self.commits_fenced = Counter(
+            "keyshift_commits_fenced", "Commits or releases the store rejected", labels, registry=r
+        ).labels(**self.labels)
+        self.assignment_generation = Gauge(
+            "keyshift_assignment_generation", "Assignment generation this worker runs", labels,
+            registry=r,
+        ).labels(**self.labels)  # fmt: skip
+        self.key_groups_owned = Gauge(
+            "keyshift_key_groups_owned", "Key groups this worker processes", labels, registry=r
+        ).labels(**self.labels)
+        self.key_groups_failed = Gauge(
+            "keyshift_key_groups_failed",
+            "Key groups stopped by a user-function error (errorPolicy fail)",
+            labels,
+            registry=r,
+        ).labels(**self.labels)
+        self.records_skipped = Counter(
+            "keyshift_records_skipped",
+            "Records whose user function raised (errorPolicy skip)",
+            labels,
+            registry=r,
+        ).labels(**self.labels)
+        self.handoff_seconds = Histogram(
+            "keyshift_handoff_duration_seconds",
+            "Time from a new assignment to running it",
+            labels,
+            registry=r,
+        ).labels(**self.labels)
+        self._last_hits = 0
+        self._last_misses = 0
+
+    def source(self, key_group: int, end: int, position: int) -> None:
+        kg = str(key_group)
+        self._end_offset.labels(**self.labels, key_group=kg).set(end)
+        self._position.labels(**self.labels, key_group=kg).set(position)
+        self._lag.labels(**self.labels, key_group=kg).set(max(0, end - position))
+
+    def forget_key_group(self, key_group: int) -> None:
+        kg = str(key_group)
+        for gauge in (self._end_offset, self._position, self._lag):
+            with contextlib.suppress(KeyError):
+                gauge.remove(self.labels["job"], self.labels["worker"], kg)
+
+    def cache_counts(self, hits: int, misses: int) -> None:
+        """Bring the cache counters up to the cache's own running totals."""
+        self.cache_hits.inc(hits - self._last_hits)
+        self.cache_misses.inc(misses - self._last_misses)
+        self._last_hits, self._last_misses = hits, misses
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,1 @@
+"""Sources: where a worker's records come from, per key group and offset."""

@@ -1,0 +1,172 @@
+"""The deterministic generator source.
+
+Record ``(kg, offset)`` is a pure function of ``(seed, kg, offset)`` (a
+splitmix64 hash, no hidden state), so any worker can resume any key group at
+any offset, and the exact state after offsets ``[0, n)`` is computable
+(:mod:`keyshift.runtime.expected`).
+
+How many records exist at a moment follows the rate profile, measured from the
+job's ``created_at`` (kept in the store, so every worker agrees):
+``available(kg, now) = floor(cumulative(now - created_at) / key_groups)``,
+capped by ``limit``.  Lag is ``available - position``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import msgspec
+
+from keyshift.runtime.config import GeneratorSource, RateSpec
+
+MASK64 = (1 << 64) - 1
+UNBOUNDED = 1 << 62
+
+
+class Event(msgspec.Struct, frozen=True, gc=False):
+    """A generated record: a key and a small positive integer."""
+
+    key: str
+    value: int
+
+
+def mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijective 64-bit hash."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def cumulative(rate: RateSpec, t: float) -> float:
+    """Records produced (over all key groups) in job time ``[0, t]``; ``inf``: unlimited."""
+    if t <= 0:
+        return 0.0
+    r = rate.records_per_second
+    if rate.shape == "points":
+        return _points_integral(rate.points, t)
+    if r is None:
+        return math.inf
+    if rate.shape == "constant":
+        return r * t
+    if rate.shape == "step":
+        return r * min(t, rate.at) + rate.to * max(0.0, t - rate.at)
+    if rate.shape == "sine":
+        w = 2 * math.pi / rate.period
+        return r * t + rate.amplitude / w * (1 - math.cos(w * t))
+    # spike
+    overlap = max(0.0, min(t, rate.at + rate.duration) - rate.at)
+    return r * t + (rate.to - r) * overlap
+
+
+def _points_integral(points: list[tuple[float, float]], t: float) -> float:
+    total = 0.0
+    first_t, first_r = points[0]
+    total += first_r * min(t, first_t)
+    for (t0, r0), (t1, r1) in itertools.pairwise(points):
+        if t <= t0:
+            return total
+        end = min(t, t1)
+        r_end = r0 + (r1 - r0) * (end - t0) / (t1 - t0) if t1 > t0 else r1
+        total += (r0 + r_end) / 2 * (end - t0)
+    last_t, last_r = points[-1]
+    if t > last_t:
+        total += last_r * (t - last_t)
+    return total
+
+
+def rate_at(rate: RateSpec, t: float) -> float | None:
+    """The instantaneous total rate at job time ``t`` (``None``: unlimited)."""
+    r = rate.records_per_second
+    if rate.shape == "points":
+        pts = rate.points
+        if t <= pts[0][0]:
+            return pts[0][1]
+        for (t0, r0), (t1, r1) in itertools.pairwise(pts):
+            if t0 <= t < t1:
+                return r0 + (r1 - r0) * (t - t0) / (t1 - t0)
+        return pts[-1][1]
+    if r is None:
+        return None
+    if rate.shape == "step":
+        return r if t < rate.at else rate.to
+    if rate.shape == "sine":
+        return r + rate.amplitude * math.sin(2 * math.pi * t / rate.period)
+    if rate.shape == "spike":
+        return rate.to if rate.at <= t < rate.at + rate.duration else r
+    return r
+
+
+class Generator:
+    """The generator of one job: records by ``(kg, offset)``, availability by time."""
+
+    def __init__(self, spec: GeneratorSource, key_groups: int, created_at: float) -> None:
+        self.spec = spec
+        self.key_groups = key_groups
+        self.created_at = created_at
+        self._seed = mix64(spec.seed & MASK64)
+        self._zipf = spec.distribution == "zipf"
+        s = spec.zipf_exponent
+        self._one_minus_s = 1.0 - s
+
+    def keys_in(self, kg: int) -> int:
+        """How many distinct keys key group ``kg`` draws from (at least one)."""
+        return max(1, (self.spec.keys - kg + self.key_groups - 1) // self.key_groups)
+
+    def available(self, kg: int, now: float) -> int:
+        """Offsets ``[0, available)`` of key group ``kg`` exist at unix time ``now``."""
+        total = cumulative(self.spec.rate, now - self.created_at)
+        limit = UNBOUNDED if self.spec.limit is None else self.spec.limit
+        if math.isinf(total):
+            return limit
+        return min(limit, int(total // self.key_groups))
+
+    def exhausted(self, kg: int, position: int) -> bool:
+        return self.spec.limit is not None and position >= self.spec.limit
+
+    def when_available(self, kg: int, offset: int, now: float) -> float:
+        """A unix time at or before which offset ``offset`` of ``kg`` will exist (a hint)."""
+        rate = rate_at(self.spec.rate, now - self.created_at)
+        if rate is None:
+            return now
+        missing = offset + 1 - self.available(kg, now)
+        if missing <= 0:
+            return now
+        per_kg = rate / self.key_groups
+        if per_kg <= 0:
+            return now + 1.0
+        return now + min(1.0, missing / per_kg)
+
+    def record(self, kg: int, offset: int) -> Event:
+        return self.read(kg, offset, offset + 1)[0]
+
+    def read(self, kg: int, start: int, stop: int) -> list[Event]:
+        """Records ``[start, stop)`` of key group ``kg``."""
+        n = self.keys_in(kg)
+        k = self.key_groups
+        max_value = self.spec.max_value
+        base = mix64(self._seed ^ (kg * 0xD6E8FEB86659FD93 & MASK64))
+        out: list[Event] = []
+        append = out.append
+        zipf = self._zipf
+        oms = self._one_minus_s
+        if zipf:
+            if abs(oms) < 1e-9:
+                log_n = math.log(n)
+            else:
+                span = n**oms - 1.0
+                inv = 1.0 / oms
+        for offset in range(start, stop):
+            h = mix64((base + offset) & MASK64)
+            if zipf:
+                u = (h >> 11) * 1.1102230246251565e-16  # / 2**53
+                x = math.exp(u * log_n) if abs(oms) < 1e-9 else (span * u + 1.0) ** inv
+                j = int(x) - 1
+                if j >= n:
+                    j = n - 1
+            else:
+                j = h % n
+            value = 1 + (mix64(h) % max_value)
+            append(Event(key=f"key-{kg + k * j}", value=value))
+        return out

@@ -1,0 +1,229 @@
+"""The part of the state store a worker uses, and an in-process implementation.
+
+:class:`WorkerStore` is the subset of :class:`keyshift.store.StateStore` the
+runtime calls; :class:`MemoryStore` implements it with dicts and the same
+fencing rules, for benchmarks (the in-process ceiling) and fast unit tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Collection, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from keyshift.store.protocol import (
+    Assignment,
+    Claim,
+    CommitResult,
+    Fenced,
+    JobInfo,
+    KeyGroupInfo,
+    StaleGeneration,
+    TimerChanges,
+)
+
+
+class WorkerStore(Protocol):
+    async def ping(self) -> None: ...
+    async def close(self) -> None: ...
+    async def init_job(self, job: str, key_groups: int) -> JobInfo: ...
+    async def claim(
+        self, job: str, key_group: int, owner: str, *, generation: int = 0
+    ) -> Claim: ...
+    async def commit(
+        self,
+        job: str,
+        key_group: int,
+        *,
+        epoch: int,
+        token: str,
+        seq: int,
+        puts: Mapping[str, Mapping[bytes, bytes]] | None = None,
+        deletes: Mapping[str, Collection[bytes]] | None = None,
+        position: int,
+        watermark: int | None = None,
+        timers: Mapping[str, TimerChanges] | None = None,
+    ) -> CommitResult: ...
+    async def release(
+        self, job: str, key_group: int, *, epoch: int, token: str, generation: int
+    ) -> None: ...
+    async def key_group_info(self, job: str, key_group: int) -> KeyGroupInfo: ...
+    async def get_many(
+        self, job: str, key_group: int, state_name: str, keys: Collection[bytes]
+    ) -> dict[bytes, bytes]: ...
+    async def get_assignment(self, job: str) -> Assignment | None: ...
+    def watch_assignment(
+        self, job: str, *, poll_interval: float = 1.0
+    ) -> AsyncIterator[Assignment]: ...
+    async def ack_generation(self, job: str, worker: str, generation: int) -> None: ...
+
+
+@dataclass
+class _KeyGroup:
+    epoch: int = 0
+    token: str = ""
+    owner: str = ""
+    seq: int = 0
+    position: int = 0
+    claimed_generation: int = 0
+    released_generation: int = 0
+    states: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
+
+
+class MemoryStore:
+    """An in-process :class:`WorkerStore` (no persistence, one process)."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, JobInfo] = {}
+        self._groups: dict[tuple[str, int], _KeyGroup] = {}
+        self._assignments: dict[str, Assignment] = {}
+        self._changed = asyncio.Condition()
+        self.acks: dict[str, dict[str, int]] = {}
+
+    def _kg(self, job: str, key_group: int) -> _KeyGroup:
+        found = self._groups.get((job, key_group))
+        if found is None:
+            found = self._groups[(job, key_group)] = _KeyGroup()
+        return found
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def init_job(self, job: str, key_groups: int) -> JobInfo:
+        if job not in self._jobs:
+            self._jobs[job] = JobInfo(job=job, key_groups=key_groups, created_at=time.time())
+        return self._jobs[job]
+
+    async def claim(self, job: str, key_group: int, owner: str, *, generation: int = 0) -> Claim:
+        kg = self._kg(job, key_group)
+        kg.epoch += 1
+        kg.token = secrets.token_hex(16)
+        kg.owner = owner
+        kg.claimed_generation = generation
+        return Claim(job, key_group, owner, kg.epoch, kg.token, kg.seq, kg.position, None)
+
+    def _fence(self, job: str, key_group: int, epoch: int, token: str, seq: int) -> None:
+        kg = self._kg(job, key_group)
+        if kg.epoch != epoch or kg.token != token:
+            reason = "epoch"
+        elif seq >= 0 and kg.seq != seq:
+            reason = "sequence"
+        else:
+            return
+        raise Fenced(
+            job,
+            key_group,
+            reason,  # type: ignore[arg-type]
+            expected_epoch=epoch,
+            stored_epoch=kg.epoch,
+            expected_seq=seq,
+            stored_seq=kg.seq,
+        )
+
+    async def commit(
+        self,
+        job: str,
+        key_group: int,
+        *,
+        epoch: int,
+        token: str,
+        seq: int,
+        puts: Mapping[str, Mapping[bytes, bytes]] | None = None,
+        deletes: Mapping[str, Collection[bytes]] | None = None,
+        position: int,
+        watermark: int | None = None,
+        timers: Mapping[str, TimerChanges] | None = None,
+    ) -> CommitResult:
+        self._fence(job, key_group, epoch, token, seq)
+        kg = self._kg(job, key_group)
+        for name, entries in (puts or {}).items():
+            kg.states.setdefault(name, {}).update(entries)
+        for name, keys in (deletes or {}).items():
+            state = kg.states.setdefault(name, {})
+            for key in keys:
+                state.pop(key, None)
+        kg.seq += 1
+        kg.position = position
+        return CommitResult(seq=kg.seq)
+
+    async def release(
+        self, job: str, key_group: int, *, epoch: int, token: str, generation: int
+    ) -> None:
+        self._fence(job, key_group, epoch, token, -1)
+        kg = self._kg(job, key_group)
+        kg.token = ""
+        kg.owner = ""
+        kg.released_generation = generation
+
+    async def key_group_info(self, job: str, key_group: int) -> KeyGroupInfo:
+        kg = self._kg(job, key_group)
+        return KeyGroupInfo(
+            job=job,
+            key_group=key_group,
+            epoch=kg.epoch,
+            owner=kg.owner,
+            seq=kg.seq,
+            position=kg.position,
+            watermark=None,
+            claimed_generation=kg.claimed_generation,
+            released_generation=kg.released_generation,
+            entries=sum(len(s) for s in kg.states.values()),
+            timers=0,
+        )
+
+    async def get_many(
+        self, job: str, key_group: int, state_name: str, keys: Collection[bytes]
+    ) -> dict[bytes, bytes]:
+        state = self._kg(job, key_group).states.get(state_name, {})
+        return {k: state[k] for k in keys if k in state}
+
+    def state(self, job: str, key_group: int, state_name: str) -> dict[bytes, bytes]:
+        return dict(self._kg(job, key_group).states.get(state_name, {}))
+
+    def snapshot(self, job: str, key_group: int) -> _KeyGroup:
+        """A copy of a key group, to :meth:`restore` later (a store losing writes)."""
+        kg = self._kg(job, key_group)
+        return replace(kg, states={name: dict(s) for name, s in kg.states.items()})
+
+    def restore(self, job: str, key_group: int, snapshot: _KeyGroup) -> None:
+        self._groups[(job, key_group)] = replace(
+            snapshot, states={name: dict(s) for name, s in snapshot.states.items()}
+        )
+
+    async def publish_assignment(
+        self, job: str, assignment: Assignment, *, expected_generation: int
+    ) -> None:
+        current = self._assignments.get(job)
+        stored = 0 if current is None else current.generation
+        if stored != expected_generation:
+            raise StaleGeneration(job, expected_generation, stored)
+        self._assignments[job] = assignment
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def get_assignment(self, job: str) -> Assignment | None:
+        return self._assignments.get(job)
+
+    async def watch_assignment(
+        self, job: str, *, poll_interval: float = 1.0
+    ) -> AsyncIterator[Assignment]:
+        last = 0
+        while True:
+            current = self._assignments.get(job)
+            if current is not None and current.generation > last:
+                last = current.generation
+                yield current
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(poll_interval), self._changed:
+                    await self._changed.wait()
+
+    async def ack_generation(self, job: str, worker: str, generation: int) -> None:
+        self.acks.setdefault(job, {})[worker] = generation

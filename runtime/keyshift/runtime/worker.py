@@ -1,0 +1,331 @@
+"""The worker: runs the key groups the assignment gives it, and hands them off.
+
+One asyncio task per owned key group (:class:`KeyGroupRunner`), plus:
+
+- a watcher that follows the assignment record in the store;
+- a reconcile loop (level-triggered: it compares what runs with what the
+  latest assignment says) that asks runners of lost key groups to release,
+  starts claimers for gained ones, and acks the generation once it runs it;
+- a claimer per gained key group: it claims at once when the assignment forces
+  it, when nobody owns the key group, or when the store names this very
+  worker (a restart); otherwise it waits for the previous owner's release;
+- a heartbeat that pings the store (readiness).
+
+Key groups that stay never pause.  A fenced runner drops its cache; if the
+store lost its commit (sequence mismatch, or an epoch behind the writer's) and
+the assignment still gives the key group here, it is claimed again by force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+from keyshift.runtime.aio import wait_event
+from keyshift.runtime.api import Job
+from keyshift.runtime.cache import StateCache
+from keyshift.runtime.config import WorkerSettings
+from keyshift.runtime.faults import crash_point
+from keyshift.runtime.handoff import may_claim, stale_claims
+from keyshift.runtime.keygroup import KeyGroupRunner, Outcome, RunnerResult, RuntimeDeps
+from keyshift.runtime.metrics import WorkerMetrics
+from keyshift.runtime.sinks import Sink, open_sink
+from keyshift.runtime.sources.generator import Generator
+from keyshift.runtime.store import WorkerStore
+from keyshift.store.protocol import Assignment, Fenced, StoreError, StoreUnavailable
+
+log = logging.getLogger("keyshift.runtime")
+
+CLAIM_POLL_SECONDS = 0.05
+RECONCILE_SECONDS = 0.25
+HEARTBEAT_SECONDS = 2.0
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        job: Job[Any],
+        store: WorkerStore,
+        *,
+        sink: Sink | None = None,
+        metrics: WorkerMetrics | None = None,
+        assignment_poll_seconds: float = 0.5,
+    ) -> None:
+        self.settings = settings
+        self.job = job
+        self.store = store
+        self.name = settings.worker_name
+        self.ordinal = settings.ordinal
+        self.job_name = settings.job
+        self.sink = sink if sink is not None else open_sink(settings.spec.sink)
+        self.metrics = metrics or WorkerMetrics(self.job_name, self.name)
+        self.cache = StateCache(settings.spec.state_store.cache_bytes)
+        self.assignment_poll_seconds = assignment_poll_seconds
+        self.assignment: Assignment | None = None
+        self.acked_generation = 0
+        self.runners: dict[int, KeyGroupRunner] = {}
+        self._tasks: dict[int, asyncio.Task[RunnerResult]] = {}
+        self._claimers: dict[int, asyncio.Task[None]] = {}
+        self._force_next: set[int] = set()
+        self._forced_done: set[tuple[int, int]] = set()
+        self._suspects: set[int] = set(range(settings.spec.key_groups))
+        self._assignment_seen_at = 0.0
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self.connected = False
+        self.started = asyncio.Event()
+        self._deps: RuntimeDeps | None = None
+        self.fenced_key_groups: list[int] = []
+
+    # -- state for health and tests ---------------------------------------------------
+
+    @property
+    def failed_key_groups(self) -> list[int]:
+        return sorted(kg for kg, r in self.runners.items() if r.failed is not None)
+
+    @property
+    def ready(self) -> bool:
+        """Connected to the store and running the current generation."""
+        current = self.assignment
+        return self.connected and (current is None or self.acked_generation >= current.generation)
+
+    def health(self) -> dict[str, Any]:
+        failed = {str(kg): str(r.failed) for kg, r in self.runners.items() if r.failed is not None}
+        return {
+            "status": "degraded" if failed else "ok",
+            "worker": self.name,
+            "connected": self.connected,
+            "generation": self.acked_generation,
+            "assignment_generation": (
+                None if self.assignment is None else self.assignment.generation
+            ),
+            "key_groups": sorted(self.runners),
+            "failed_key_groups": failed,
+        }
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    # -- main loop ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        spec = self.settings.spec
+        await self.store.ping()
+        self.connected = True
+        info = await self.store.init_job(self.job_name, spec.key_groups)
+        if info.key_groups != spec.key_groups:
+            raise ValueError(
+                f"job {self.job_name!r} has {info.key_groups} key groups in the store but "
+                f"{spec.key_groups} in its spec; the count is fixed for the life of a job"
+            )
+        self._deps = RuntimeDeps(
+            job_name=self.job_name,
+            job=self.job,
+            store=self.store,
+            cache=self.cache,
+            sink=self.sink,
+            source=Generator(spec.source, spec.key_groups, info.created_at),
+            metrics=self.metrics,
+            checkpoint_interval=spec.checkpoint_interval,
+            batch_size=spec.batch_size,
+            error_policy=spec.error_policy,
+        )
+        helpers = [
+            asyncio.create_task(self._watch(), name="assignment-watch"),
+            asyncio.create_task(self._heartbeat(), name="heartbeat"),
+        ]
+        self.started.set()
+        log.info("worker %s started (job %s)", self.name, self.job_name)
+        try:
+            while not self._stop.is_set():
+                try:
+                    await self._reconcile()
+                except StoreUnavailable as exc:
+                    log.warning("reconcile: %s", exc)
+                await wait_event(self._wake, RECONCILE_SECONDS)
+                self._wake.clear()
+        finally:
+            self._stop.set()  # the helpers end at their next step; cancelling hurries them
+            for task in helpers:
+                task.cancel()
+            await self._shutdown()
+            await asyncio.wait(helpers, timeout=5.0)
+            for task in helpers:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    log.warning("%s ended with %r", task.get_name(), task.exception())
+
+    async def _shutdown(self) -> None:
+        for task in self._claimers.values():
+            task.cancel()
+        for runner in self.runners.values():
+            runner.request_stop()
+        results = await asyncio.gather(*self._tasks.values(), *self._claimers.values(),
+                                       return_exceptions=True)  # fmt: skip
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                log.error("at shutdown: %s: %s", type(result).__name__, result)
+        self.runners.clear()
+        self._tasks.clear()
+        await self.sink.close()
+
+    async def _watch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                watch = self.store.watch_assignment(
+                    self.job_name, poll_interval=self.assignment_poll_seconds
+                )
+                try:
+                    async for assignment in watch:
+                        if self._stop.is_set():
+                            break
+                        self._on_assignment(assignment)
+                finally:
+                    aclose = getattr(watch, "aclose", None)  # an async generator's cleanup
+                    if aclose is not None:
+                        await aclose()
+            except StoreError as exc:
+                log.warning("assignment watch: %s; retrying", exc)
+                await wait_event(self._stop, 1.0)
+
+    def _on_assignment(self, assignment: Assignment) -> None:
+        current = self.assignment
+        if current is None or assignment.generation > current.generation:
+            log.info(
+                "assignment generation %d: key groups %s",
+                assignment.generation,
+                assignment.owned_by(self.ordinal),
+            )
+            self.assignment = assignment
+            self._assignment_seen_at = time.monotonic()
+            self._wake.set()
+
+    async def _heartbeat(self) -> None:
+        while not self._stop.is_set():
+            try:
+                async with asyncio.timeout(HEARTBEAT_SECONDS):
+                    await self.store.ping()
+                self.connected = True
+            except (TimeoutError, StoreError, OSError):
+                self.connected = False
+            await wait_event(self._stop, HEARTBEAT_SECONDS)
+
+    async def _reconcile(self) -> None:
+        self._collect_finished()
+        assignment = self.assignment
+        if assignment is None:
+            self.metrics.key_groups_owned.set(len(self.runners))
+            return
+        mine = set(assignment.owned_by(self.ordinal))
+        if self._suspects:
+            await self._release_stale(assignment, mine)
+        for kg, runner in self.runners.items():
+            if kg not in mine and not runner.releasing:
+                log.info("releasing key group %d at generation %d", kg, assignment.generation)
+                runner.request_release(assignment.generation)
+        for kg in sorted(mine):
+            if kg not in self.runners and kg not in self._claimers:
+                self._claimers[kg] = asyncio.create_task(self._claim(kg), name=f"claim-{kg}")
+        self.metrics.key_groups_owned.set(len(self.runners))
+        runs_it = all(kg in self.runners and not self.runners[kg].releasing for kg in mine) and all(
+            kg in mine for kg in self.runners
+        )
+        if runs_it and self.acked_generation < assignment.generation:
+            await self.store.ack_generation(self.job_name, self.name, assignment.generation)
+            self.acked_generation = assignment.generation
+            self.metrics.assignment_generation.set(assignment.generation)
+            if self._assignment_seen_at:
+                self.metrics.handoff_seconds.observe(time.monotonic() - self._assignment_seen_at)
+            log.info("running generation %d", assignment.generation)
+
+    def _collect_finished(self) -> None:
+        for kg, task in list(self._tasks.items()):
+            if not task.done():
+                continue
+            del self._tasks[kg]
+            self.runners.pop(kg, None)
+            if task.cancelled():
+                continue
+            exc = task.exception()
+            if exc is not None:
+                log.error("key group %d stopped: %s: %s", kg, type(exc).__name__, exc)
+                self._suspects.add(kg)  # it may still be ours in the store
+                continue
+            result = task.result()
+            if result.outcome is Outcome.FENCED:
+                self.fenced_key_groups.append(kg)
+                if result.store_lost_commit:
+                    self._force_next.add(kg)
+            log.info("key group %d: %s", kg, result.outcome.value)
+
+    async def _release_stale(self, assignment: Assignment, mine: set[int]) -> None:
+        """Release key groups the store says this worker holds but it does not run.
+
+        A previous incarnation (before a crash) held them and never released
+        them; their new owners wait for the release.  Every key group is a
+        suspect at start; one stays a suspect until this worker runs it or has
+        checked that the store does not name it as owner.
+        """
+        owners: dict[int, str] = {}
+        for kg in sorted(self._suspects):
+            if kg in self.runners:
+                self._suspects.discard(kg)  # the runner releases it when it has to
+            elif kg not in mine:
+                owners[kg] = (await self.store.key_group_info(self.job_name, kg)).owner
+                if owners[kg] != self.name:
+                    self._suspects.discard(kg)
+        for kg in stale_claims(owners, assignment, self.ordinal, self.name):
+            claim = await self.store.claim(
+                self.job_name, kg, self.name, generation=assignment.generation
+            )
+            with contextlib.suppress(Fenced):  # claimed by force meanwhile: not ours anyway
+                await self.store.release(
+                    self.job_name,
+                    kg,
+                    epoch=claim.epoch,
+                    token=claim.token,
+                    generation=assignment.generation,
+                )
+            self._suspects.discard(kg)
+            log.info("released key group %d held before a restart", kg)
+
+    async def _claim(self, kg: int) -> None:
+        assert self._deps is not None
+        try:
+            while not self._stop.is_set():
+                assignment = self.assignment
+                if assignment is None or assignment.owners[kg] != self.ordinal:
+                    return
+                forced = kg in self._force_next or (
+                    kg in assignment.forced and (assignment.generation, kg) not in self._forced_done
+                )
+                try:
+                    info = await self.store.key_group_info(self.job_name, kg)
+                    if may_claim(store_owner=info.owner, me=self.name, forced=forced):
+                        claim = await self.store.claim(
+                            self.job_name, kg, self.name, generation=assignment.generation
+                        )
+                        crash_point("claim.after")
+                        self._forced_done.add((assignment.generation, kg))
+                        self._force_next.discard(kg)
+                        self.cache.drop(kg)
+                        runner = KeyGroupRunner(self._deps, claim)
+                        self.runners[kg] = runner
+                        task = asyncio.create_task(runner.run(), name=f"key-group-{kg}")
+                        task.add_done_callback(lambda _t: self._wake.set())
+                        self._tasks[kg] = task
+                        log.info(
+                            "claimed key group %d (epoch %d, position %d%s)",
+                            kg, claim.epoch, claim.position, ", forced" if forced else "",
+                        )  # fmt: skip
+                        return
+                except StoreUnavailable as exc:
+                    log.warning("claiming key group %d: %s", kg, exc)
+                await wait_event(self._stop, CLAIM_POLL_SECONDS)
+        finally:
+            self._claimers.pop(kg, None)
+            self._wake.set()

@@ -1,0 +1,210 @@
+"""The worker loop in-process over the in-memory store: exactness, handoff, error policies."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+
+from examples.counter import job as counter_job
+from keyshift.controller.assignment import plan_assignment
+from keyshift.runtime.api import Job, encode_key
+from keyshift.runtime.config import RateSpec, StreamJob, settings_from
+from keyshift.runtime.expected import counter_state_encoded
+from keyshift.runtime.sources.generator import Generator
+from keyshift.runtime.store import MemoryStore
+from keyshift.runtime.worker import Worker
+from keyshift.store import Assignment
+from tests.runtime import jobs
+
+
+def manifest(key_groups: int, limit: int, **spec: Any) -> StreamJob:
+    return StreamJob.model_validate(
+        {
+            "metadata": {"name": "inproc"},
+            "spec": {
+                "job": "examples.counter:job",
+                "keyGroups": key_groups,
+                "source": {"seed": 4, "keys": 500, "distribution": "zipf", "limit": limit},
+                "checkpointInterval": "50ms",
+                **spec,
+            },
+        }
+    )
+
+
+@asynccontextmanager
+async def running(
+    m: StreamJob, job: Job[Any], store: MemoryStore, ordinal: int
+) -> AsyncIterator[Worker]:
+    worker = Worker(settings_from(m, ordinal=ordinal, store_url="memory://"), job, store)
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        async with asyncio.timeout(30):  # a worker that does not stop is a failure
+            await task
+
+
+async def eventually(condition: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not await condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def positions(store: MemoryStore, key_groups: int) -> list[int]:
+    return [(await store.key_group_info("inproc", kg)).position for kg in range(key_groups)]
+
+
+async def test_one_worker_then_two_hand_off_without_losing_a_record() -> None:
+    k, limit = 6, 4000
+    m = manifest(k, limit, batchSize=100)
+    m = m.model_copy(
+        update={"spec": m.spec.model_copy(update={"source": m.spec.source.model_copy(
+            update={"rate": RateSpec(records_per_second=12_000)})})}
+    )  # fmt: skip
+    store = MemoryStore()
+    await store.init_job("inproc", k)
+    await store.publish_assignment(
+        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
+    )
+    async with running(m, counter_job, store, 0) as w0, running(m, counter_job, store, 1) as w1:
+
+        async def some_progress() -> bool:
+            return min(await positions(store, k)) > 0
+
+        await eventually(some_progress, "some progress")
+        await store.publish_assignment(
+            "inproc", Assignment(2, 2, plan_assignment(k, 2)), expected_generation=1
+        )
+        assert max(await positions(store, k)) < limit, "the handoff came too late"
+
+        async def done() -> bool:
+            return await positions(store, k) == [limit] * k and w0.ready and w1.ready
+
+        await eventually(done, "both workers to finish at generation 2")
+        assert sorted(w0.runners) == [0, 1, 2] and sorted(w1.runners) == [3, 4, 5]
+        assert store.acks["inproc"] == {"inproc-worker-0": 2, "inproc-worker-1": 2}
+    for kg in range(k):
+        expected = counter_state_encoded(m.spec.source, k, kg, limit)
+        for state in ("count", "total"):
+            assert store.state("inproc", kg, state) == expected[state]
+
+
+async def test_error_policy_fail_parks_the_key_group_and_reports_it() -> None:
+    k, limit = 4, 2000
+    m = manifest(k, limit, errorPolicy="fail", job="tests.runtime.jobs:flaky")
+    gen = Generator(m.spec.source, k, 0.0)
+    first_bad = {
+        kg: next(i for i, e in enumerate(gen.read(kg, 0, limit)) if e.value == jobs.BAD_VALUE)
+        for kg in range(k)
+    }
+    store = MemoryStore()
+    await store.init_job("inproc", k)
+    await store.publish_assignment(
+        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
+    )
+    async with running(m, jobs.flaky, store, 0) as worker:
+
+        async def all_failed() -> bool:
+            return worker.failed_key_groups == list(range(k))
+
+        await eventually(all_failed, "every key group to hit its bad record")
+        health = worker.health()
+        assert health["status"] == "degraded"
+        assert "offset" in health["failed_key_groups"]["0"]
+        assert worker.metrics.key_groups_failed._value.get() == k
+        # the records before the failing one are committed, the failing one is not
+        assert await positions(store, k) == [first_bad[kg] for kg in range(k)]
+        records = gen.read(0, 0, first_bad[0])
+        counts: dict[str, int] = {}
+        for e in records:
+            counts[e.key] = counts.get(e.key, 0) + 1
+        stored = store.state("inproc", 0, "count")
+        assert {msgspec.msgpack.decode(key): msgspec.msgpack.decode(v)
+                for key, v in stored.items()} == counts  # fmt: skip
+        # the assignment can still move a failed key group away
+        await store.publish_assignment(
+            "inproc", Assignment(2, 2, plan_assignment(k, 2)), expected_generation=1
+        )
+
+        async def released() -> bool:
+            return worker.ready and sorted(worker.runners) == [0, 1]
+
+        await eventually(released, "the failed key groups 2 and 3 to be released")
+        assert (await store.key_group_info("inproc", 2)).owner == ""
+
+
+async def test_error_policy_skip_counts_and_leaves_no_trace_of_the_record() -> None:
+    k, limit = 2, 3000
+    m = manifest(k, limit, errorPolicy="skip", job="tests.runtime.jobs:flaky")
+    gen = Generator(m.spec.source, k, 0.0)
+    store = MemoryStore()
+    await store.init_job("inproc", k)
+    await store.publish_assignment(
+        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
+    )
+    async with running(m, jobs.flaky, store, 0) as worker:
+
+        async def done() -> bool:
+            return await positions(store, k) == [limit] * k
+
+        await eventually(done, "all records")
+        bad = sum(e.value == jobs.BAD_VALUE for kg in range(k) for e in gen.read(kg, 0, limit))
+        assert bad > 0
+        assert worker.metrics.records_skipped._value.get() == bad
+        assert worker.health()["status"] == "ok"
+    for kg in range(k):
+        counts: dict[bytes, int] = {}
+        for e in gen.read(kg, 0, limit):
+            if e.value != jobs.BAD_VALUE:
+                counts[encode_key(e.key)] = counts.get(encode_key(e.key), 0) + 1
+        stored = store.state("inproc", kg, "count")
+        assert {key: msgspec.msgpack.decode(v) for key, v in stored.items()} == counts
+
+
+async def test_a_commit_the_store_lost_is_redone_from_the_stored_position() -> None:
+    """The store restarts and loses its last commits (AOF everysec): the worker's next
+    commit is fenced on the sequence; it claims again and replays from the store."""
+    k, limit = 2, 3000
+    m = manifest(k, limit)
+    m = m.model_copy(
+        update={"spec": m.spec.model_copy(update={"source": m.spec.source.model_copy(
+            update={"rate": RateSpec(records_per_second=3000)})})}
+    )  # fmt: skip
+    store = MemoryStore()
+    await store.init_job("inproc", k)
+    await store.publish_assignment(
+        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
+    )
+    async with running(m, counter_job, store, 0) as worker:
+
+        async def committed_once() -> bool:
+            return (await store.key_group_info("inproc", 0)).seq >= 1
+
+        await eventually(committed_once, "a first commit")
+        lost = store.snapshot("inproc", 0)
+
+        async def committed_more() -> bool:
+            return (await store.key_group_info("inproc", 0)).seq >= lost.seq + 3
+
+        await eventually(committed_more, "three more commits")
+        store.restore("inproc", 0, lost)  # those three commits are gone
+
+        async def done() -> bool:
+            return await positions(store, k) == [limit] * k
+
+        await eventually(done, "all records, the lost ones again")
+        assert worker.fenced_key_groups == [0]
+        assert (await store.key_group_info("inproc", 0)).epoch == lost.epoch + 1
+        assert worker.metrics.commits_fenced._value.get() == 1
+    for kg in range(k):
+        expected = counter_state_encoded(m.spec.source, k, kg, limit)
+        for state in ("count", "total"):
+            assert store.state("inproc", kg, state) == expected[state]
