@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
+from rich.console import Console
+
+from keyshift.controller.local_run import JobAlreadyRunning
 from keyshift.store import StoreError
 from keyshift.store.admin import add_store_commands
+from keyshift.store.server import ServerStartError
+
+console = Console()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,9 +24,97 @@ def build_parser() -> argparse.ArgumentParser:
         prog="keyshift",
         description="Autoscale stateful stream jobs without moving state.",
     )
+    parser.add_argument(
+        "--dir", type=Path, default=Path(".keyshift"),
+        help="where local runs keep their files (default: .keyshift)",
+    )  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run a StreamJob manifest locally")
+    run.add_argument("manifest", type=Path)
+    run.add_argument("--store-url", help="use this store instead of an embedded Valkey")
+    run.add_argument("--failover-after", type=float, help="seconds (default: the manifest's)")
+    run.add_argument("--restart-delay", type=float, default=5.0,
+                     help="seconds before a crashed worker is restarted")  # fmt: skip
+    run.set_defaults(handler=_run)
+
+    scale = commands.add_parser("scale", help="rescale a running local job")
+    scale.add_argument("job")
+    scale.add_argument("parallelism", type=int)
+    scale.add_argument("--wait", action="store_true", help="wait until the rescale is done")
+    scale.add_argument("--timeout", type=float, default=120.0)
+    scale.set_defaults(handler=_scale)
+
+    status = commands.add_parser("status", help="a local job's assignment, load and rescales")
+    status.add_argument("job")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(handler=_status)
+
     add_store_commands(commands)
     return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from keyshift.controller.local_run import run_local
+
+    return run_local(
+        args.manifest, base_dir=args.dir, store_url=args.store_url,
+        failover_after=args.failover_after, restart_delay=args.restart_delay,
+    )  # fmt: skip
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from keyshift.controller.local_run import RunDir
+
+    run_dir = RunDir.of(args.job, args.dir)
+    if run_dir.running_pid() is None:
+        console.print(f"job {args.job!r} is not running here (start it with `keyshift run`)")
+        return 1
+    status = json.loads(run_dir.status.read_text()) if run_dir.status.exists() else {}
+    key_groups = status.get("key_groups")
+    if args.parallelism < 1 or (key_groups and args.parallelism > key_groups):
+        console.print(
+            f"parallelism must be between 1 and the key group count ({key_groups or '?'})"
+        )
+        return 2
+    run_dir.write_json(run_dir.desired, {"parallelism": args.parallelism, "reason": "manual",
+                                         "requested_at": time.time()})  # fmt: skip
+    console.print(f"{args.job}: desired parallelism {args.parallelism}")
+    if not args.wait:
+        return 0
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        doc = json.loads(run_dir.status.read_text())
+        if doc["parallelism"] == args.parallelism and doc["rescale_in_progress"] is None:
+            last = doc["rescales"][-1] if doc["rescales"] else None
+            if last:
+                console.print(
+                    f"rescaled {last['from']} -> {last['to']} in {last['duration_seconds']} s, "
+                    f"outcome {last['outcome']}"
+                )
+            return 0
+        time.sleep(0.2)
+    console.print(f"not rescaled to {args.parallelism} within {args.timeout:.0f}s")
+    return 1
+
+
+def _status(args: argparse.Namespace) -> int:
+    from keyshift.controller.local_run import RunDir
+    from keyshift.controller.view import render
+
+    run_dir = RunDir.of(args.job, args.dir)
+    if not run_dir.status.exists():
+        console.print(f"no job {args.job!r} has run in {args.dir}")
+        return 1
+    doc = json.loads(run_dir.status.read_text())
+    doc["running"] = run_dir.running_pid() is not None
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        console.print(render(doc))
+        if not doc["running"]:
+            console.print("[yellow]not running: figures are from its last second[/yellow]")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
-    except (StoreError, ValueError, OSError) as exc:  # a user's mistake or an outage: no traceback
+    except (StoreError, ValueError, OSError, JobAlreadyRunning, ServerStartError) as exc:
+        # a user's mistake or an outage: a message, not a traceback
         parser.exit(1, f"keyshift: error: {exc}\n")
 
 

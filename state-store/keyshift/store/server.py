@@ -77,6 +77,8 @@ def wait_until(predicate: object, timeout: float, what: str, interval: float = 0
         try:
             if predicate():
                 return
+        except ServerStartError:
+            raise
         except Exception as exc:
             last_error = exc
         time.sleep(interval)
@@ -136,6 +138,7 @@ class LocalServer:
         )
 
     def start(self, timeout: float = 20.0) -> LocalServer:
+        self.directory = self.directory.resolve()
         self.directory.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port()
@@ -150,7 +153,7 @@ class LocalServer:
         )
         try:
             wait_until(self._answers, timeout, f"the store server on port {self.port}")
-        except TimeoutError as exc:
+        except (TimeoutError, ServerStartError) as exc:
             log = self.directory / "server.log"
             tail = log.read_text()[-2000:] if log.exists() else "(no log)"
             self.stop()

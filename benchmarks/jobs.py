@@ -1,0 +1,36 @@
+"""Jobs the benchmarks run.
+
+``rescale_job``: one ValueState per key holding a 100-byte blob (an 8-byte
+running sum and padding); every record updates it and emits the wall-clock
+time it was processed, so that the benchmark can see, from the job's output,
+when each key group stopped and resumed processing.
+"""
+
+from __future__ import annotations
+
+import time
+
+from keyshift.runtime.api import Context, Job, ValueState
+from keyshift.runtime.sources.generator import Event
+
+VALUE_BYTES = 100
+blob = ValueState("blob", bytes, default=b"")
+
+
+def initial_value(key_index: int) -> bytes:
+    """The value the benchmark preloads for key ``key-<key_index>``."""
+    return key_index.to_bytes(8, "big") + bytes(VALUE_BYTES - 8)
+
+
+def process(event: Event, ctx: Context) -> None:
+    state = ctx.state(blob)
+    value = state.value()
+    total = (int.from_bytes(value[:8], "big") if value else 0) + event.value
+    tail = value[8:VALUE_BYTES] if len(value) >= VALUE_BYTES else bytes(VALUE_BYTES - 8)
+    state.update((total & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big") + tail)
+    ctx.emit(time.time())
+
+
+rescale_job: Job[Event] = Job(
+    name="rescale-bench", process=process, key_by=lambda e: e.key, states=[blob]
+)

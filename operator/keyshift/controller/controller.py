@@ -1,0 +1,113 @@
+"""The controller loop, shared by ``keyshift run`` and the Kubernetes operator.
+
+Each tick: keep the workers of the current assignment in the pool, drive the
+rescale in progress, or else ask :func:`~keyshift.controller.reconcile.decide`
+whether to start one (first deployment, failover, rebalance, new desired
+parallelism).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from keyshift.controller.executor import EventSink, RescaleExecutor
+from keyshift.controller.pool import WorkerPool
+from keyshift.controller.reconcile import Desired, decide
+from keyshift.controller.records import RecordStore
+from keyshift.controller.rescale import Deadlines, Rescale
+from keyshift.store.protocol import Assignment, StateStore, StoreError
+
+log = logging.getLogger("keyshift.controller")
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    failover_after: float = 3.0
+    tick_seconds: float = 0.2
+    deadlines: Deadlines = field(default_factory=Deadlines)
+
+
+def workers_needed(assignment: Assignment | None, current: Rescale | None) -> set[int]:
+    """Ordinals that must be running (or restarting) now."""
+    needed = set() if assignment is None else set(range(assignment.parallelism))
+    if current is not None:
+        if current.phase in ("starting_workers", "publishing"):
+            needed |= set(range(current.from_parallelism))
+        elif current.phase == "handing_off":
+            needed |= set(range(max(current.from_parallelism, current.to_parallelism)))
+    return needed
+
+
+class Controller:
+    def __init__(
+        self,
+        job: str,
+        key_groups: int,
+        store: StateStore,
+        pool: WorkerPool,
+        records: RecordStore,
+        *,
+        desired: Callable[[], Desired],
+        settings: ControllerSettings | None = None,
+        on_event: EventSink | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.job = job
+        self.key_groups = key_groups
+        self.store = store
+        self.pool = pool
+        self.desired = desired
+        self.settings = settings or ControllerSettings()
+        self.on_event = on_event or (lambda kind, msg: None)
+        self.clock = clock
+        self.executor = RescaleExecutor(
+            job, store, pool, records, records.load(),
+            deadlines=self.settings.deadlines, on_event=self.on_event, clock=clock,
+        )  # fmt: skip
+        self.assignment: Assignment | None = None
+        self.last_error: str | None = None
+
+    async def tick(self) -> None:
+        self.assignment = await self.store.get_assignment(self.job)
+        current = self.executor.record.current
+        needed = workers_needed(self.assignment, current)
+        running = await self.pool.workers()
+        missing = sorted(needed - set(running))
+        if missing:
+            await self.pool.start(missing)
+            running = await self.pool.workers()
+        if current is not None:
+            await self.executor.advance()
+            return
+        try:
+            rescale = decide(
+                self.job, self.key_groups, self.assignment, running, self.desired(),
+                self.clock(), self.settings.failover_after,
+            )  # fmt: skip
+        except ValueError as exc:  # e.g. a desired parallelism above the key group count
+            self._error(str(exc))
+            return
+        if rescale is not None:
+            self.executor.begin(rescale)
+            await self.executor.advance()
+
+    def _error(self, message: str) -> None:
+        if message != self.last_error:
+            self.on_event("Warning", message)
+        self.last_error = message
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick until ``stop`` is set; store outages are waited out, not fatal."""
+        while not stop.is_set():
+            try:
+                await self.tick()
+                self.last_error = None
+            except StoreError as exc:
+                self._error(f"state store: {exc}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.tick_seconds)

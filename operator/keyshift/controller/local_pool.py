@@ -1,0 +1,233 @@
+"""Workers as local processes: the WorkerPool of ``keyshift run``.
+
+Each worker is ``python -m keyshift.runtime`` with its own HTTP port, logging
+to ``<run dir>/logs/worker-<i>.log``. Like a kubelet, the pool restarts a
+worker that exits, after ``restart_delay`` seconds (doubling on repeated
+crashes, up to a minute). Workers get SIGTERM if the pool's process dies, and
+a new pool stops the workers a previous one left behind (their PIDs are in
+``<run dir>/workers.json``), so no worker outlives its controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from keyshift.controller.executor import worker_name
+from keyshift.controller.pool import WorkerInfo
+from keyshift.store.server import free_port
+
+PR_SET_PDEATHSIG = 1
+STOP_TIMEOUT = 20.0
+MAX_RESTART_DELAY = 60.0
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class _Process:
+    ordinal: int
+    port: int
+    popen: subprocess.Popen[bytes]
+    started_at: float
+    restarts: int = 0
+    ready: bool = False
+    last_ready_at: float | None = None
+    exited_at: float | None = None
+    detail: str = ""
+
+
+class LocalWorkerPool:
+    def __init__(
+        self,
+        job: str,
+        manifest: Path,
+        store_url: str,
+        run_dir: Path,
+        *,
+        restart_delay: float = 5.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.job = job
+        self.manifest = manifest
+        self.store_url = store_url
+        self.run_dir = run_dir
+        self.restart_delay = restart_delay
+        self.env = env or {}
+        self.log_dir = run_dir / "logs"
+        self.pids_file = run_dir / "workers.json"
+        self._procs: dict[int, _Process] = {}
+        self._http = httpx.AsyncClient(timeout=0.5)
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def stop_leftovers(self) -> list[int]:
+        """Stop workers a previous pool in this run directory left running."""
+        if not self.pids_file.exists():
+            return []
+        stopped = [
+            pid
+            for pid in json.loads(self.pids_file.read_text()).get("pids", [])
+            if pid_alive(pid) and _is_our_worker(pid, self.manifest)
+        ]
+        for pid in stopped:
+            stop_pid(pid)
+        self.pids_file.unlink()
+        return stopped
+
+    def _spawn(self, ordinal: int, restarts: int = 0) -> _Process:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        cmd = [
+            sys.executable, "-m", "keyshift.runtime",
+            "--manifest", str(self.manifest),
+            "--ordinal", str(ordinal),
+            "--store-url", self.store_url,
+            "--http-port", str(port),
+        ]  # fmt: skip
+        log = (self.log_dir / f"worker-{ordinal}.log").open("ab")
+        try:
+            popen = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C goes to the controller, which stops workers
+                preexec_fn=_die_with_parent,
+                env=self._environment(),
+            )
+        finally:
+            log.close()
+        proc = _Process(ordinal, port, popen, time.time(), restarts=restarts)
+        self._procs[ordinal] = proc
+        self._save_pids()
+        return proc
+
+    def _environment(self) -> dict[str, str]:
+        """The job module is imported from the current directory, the manifest's
+        folder or its parent (``examples.counter:job`` next to ``examples/x.yaml``)."""
+        paths = [os.getcwd(), str(self.manifest.parent), str(self.manifest.parent.parent)]
+        if os.environ.get("PYTHONPATH"):
+            paths.append(os.environ["PYTHONPATH"])
+        return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **self.env}
+
+    def _save_pids(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        pids = [p.popen.pid for p in self._procs.values()]
+        self.pids_file.write_text(json.dumps({"pids": pids}))
+
+    async def start(self, ordinals: Collection[int]) -> None:
+        for ordinal in ordinals:
+            if ordinal not in self._procs:
+                self._spawn(ordinal)
+
+    async def stop(self, ordinals: Collection[int]) -> None:
+        procs = [self._procs.pop(o) for o in ordinals if o in self._procs]
+        for proc in procs:
+            if proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                await asyncio.to_thread(proc.popen.wait, STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                await asyncio.to_thread(proc.popen.wait)
+        self._save_pids()
+
+    async def close(self) -> None:
+        await self.stop(list(self._procs))
+        await self._http.aclose()
+        with contextlib.suppress(FileNotFoundError):
+            self.pids_file.unlink()
+
+    # -- observation ------------------------------------------------------------
+
+    async def workers(self) -> dict[int, WorkerInfo]:
+        now = time.time()
+        for ordinal, proc in list(self._procs.items()):
+            code = proc.popen.poll()
+            if code is None:
+                continue
+            if proc.exited_at is None:
+                proc.exited_at = now
+                proc.ready = False
+                proc.detail = f"exited with code {code}"
+            delay = min(self.restart_delay * 2**proc.restarts, MAX_RESTART_DELAY)
+            if now - proc.exited_at >= delay:
+                restarted = self._spawn(ordinal, restarts=proc.restarts + 1)
+                restarted.last_ready_at = proc.last_ready_at
+                restarted.detail = f"restarted after {proc.detail}"
+        await asyncio.gather(*(self._probe(p) for p in self._procs.values()))
+        return {
+            o: WorkerInfo(
+                ordinal=o,
+                name=worker_name(self.job, o),
+                running=p.popen.poll() is None,
+                ready=p.ready,
+                not_ready_since=None if p.ready else (p.last_ready_at or p.started_at),
+                metrics_url=f"http://127.0.0.1:{p.port}/metrics",
+                pid=p.popen.pid,
+                detail="" if p.ready else p.detail,
+            )
+            for o, p in sorted(self._procs.items())
+        }
+
+    async def _probe(self, proc: _Process) -> None:
+        if proc.popen.poll() is not None:
+            proc.ready = False
+            return
+        try:
+            response = await self._http.get(f"http://127.0.0.1:{proc.port}/readyz")
+            proc.ready = response.status_code == 200
+            proc.detail = "" if proc.ready else f"readiness: {response.text[:200]}"
+        except httpx.HTTPError as exc:
+            proc.ready = False
+            proc.detail = f"readiness probe: {type(exc).__name__}"
+        if proc.ready:
+            proc.last_ready_at = time.time()
+            if proc.restarts and time.time() - proc.started_at > MAX_RESTART_DELAY:
+                proc.restarts = 0  # healthy for a while: the back-off starts over
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs; a zombie (exited, not yet reaped) does not."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def stop_pid(pid: int, timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM, wait up to ``timeout``, then SIGKILL."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _is_our_worker(pid: int, manifest: Path) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"keyshift.runtime" in cmdline and str(manifest).encode() in cmdline

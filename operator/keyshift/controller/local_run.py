@@ -1,0 +1,299 @@
+"""``keyshift run``: a StreamJob on this machine.
+
+Starts the embedded store (a Valkey persisting under the run directory),
+the local WorkerPool and the controller, and shows a live view. Ctrl-C stops
+the workers (each commits its state) and the store; running again resumes from
+the committed state. ``keyshift scale`` and ``keyshift status`` talk to a
+running job through files of its run directory, ``.keyshift/<job>/``:
+
+| file | written by | content |
+|---|---|---|
+| ``supervisor.json`` | ``keyshift run`` | its PID and the store URL |
+| ``desired.json`` | ``keyshift run`` (the manifest), ``keyshift scale`` | desired parallelism |
+| ``status.json`` | ``keyshift run``, every second | the status document |
+| ``controller.json`` | the controller | rescale in progress and history |
+| ``store/`` | the embedded Valkey | its AOF |
+| ``logs/`` | the workers | one log per worker |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from keyshift.controller.controller import Controller, ControllerSettings
+from keyshift.controller.local_pool import LocalWorkerPool, pid_alive, stop_pid
+from keyshift.controller.metrics_provider import DirectScrapeProvider, WorkerTarget
+from keyshift.controller.reconcile import Desired
+from keyshift.controller.records import FileRecordStore
+from keyshift.controller.status import status_document
+from keyshift.controller.view import log_line, render
+from keyshift.runtime.config import StreamJob, load_manifest
+from keyshift.store import open_store
+from keyshift.store.server import LocalServer
+
+log = logging.getLogger("keyshift.run")
+
+STATUS_INTERVAL = 1.0
+
+
+class JobAlreadyRunning(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RunDir:
+    """The files of one locally running job."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, job: str, base: Path = Path(".keyshift")) -> RunDir:
+        return cls(base / job)
+
+    @property
+    def supervisor(self) -> Path:
+        return self.root / "supervisor.json"
+
+    @property
+    def desired(self) -> Path:
+        return self.root / "desired.json"
+
+    @property
+    def status(self) -> Path:
+        return self.root / "status.json"
+
+    @property
+    def controller(self) -> Path:
+        return self.root / "controller.json"
+
+    @property
+    def store(self) -> Path:
+        return self.root / "store"
+
+    @property
+    def store_port(self) -> Path:
+        return self.root / "store.port"
+
+    def running_pid(self) -> int | None:
+        """PID of the ``keyshift run`` of this job, if one is running."""
+        try:
+            pid = int(json.loads(self.supervisor.read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return pid
+
+    def read_desired(self, default: int) -> Desired:
+        try:
+            data = json.loads(self.desired.read_text())
+            return Desired(int(data["parallelism"]), data.get("reason", "manual"))
+        except (OSError, ValueError, KeyError):
+            return Desired(default, "manual")
+
+    def write_json(self, path: Path, data: Any) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, path)
+
+
+class LocalRun:
+    def __init__(
+        self,
+        manifest_path: Path,
+        *,
+        base_dir: Path = Path(".keyshift"),
+        store_url: str | None = None,
+        live: bool | None = None,
+        failover_after: float | None = None,
+        restart_delay: float = 5.0,
+        console: Console | None = None,
+    ) -> None:
+        self.manifest_path = manifest_path.resolve()
+        self.manifest: StreamJob = load_manifest(manifest_path)
+        self.job = self.manifest.name
+        self.spec = self.manifest.spec
+        self.dir = RunDir.of(self.job, base_dir)
+        self.external_store_url = store_url
+        self.console = console or Console()
+        self.live = self.console.is_terminal if live is None else live
+        self.failover_after = failover_after or self.spec.failover_after
+        self.restart_delay = restart_delay
+        self.events: deque[str] = deque(maxlen=50)
+        self.stop_event = asyncio.Event()
+
+    def event(self, kind: str, message: str) -> None:
+        line = f"{time.strftime('%H:%M:%S')} {message}"
+        self.events.append(line)
+        if not self.live:
+            print(f"event {kind}: {message}", flush=True)
+        log.log(logging.WARNING if kind == "Warning" else logging.INFO, message)
+
+    async def run(self) -> int:
+        other = self.dir.running_pid()
+        if other is not None and other != os.getpid():
+            raise JobAlreadyRunning(
+                f"job {self.job!r} is already running here (keyshift run, pid {other}); "
+                f"use `keyshift status {self.job}` or `keyshift scale {self.job} N`"
+            )
+        self.dir.root.mkdir(parents=True, exist_ok=True)
+        pool = LocalWorkerPool(
+            self.job, self.manifest_path, "", self.dir.root, restart_delay=self.restart_delay
+        )
+        # an earlier run that was killed may have left workers and its store behind
+        stopped = await asyncio.to_thread(pool.stop_leftovers)
+        if stopped:
+            self.event("Normal", f"stopped {len(stopped)} workers left by an earlier run")
+        await asyncio.to_thread(self._stop_leftover_store)
+        server = None
+        if self.external_store_url:
+            url = self.external_store_url
+        else:
+            server = LocalServer(self.dir.store, port=self._store_port())
+            await asyncio.to_thread(server.start)
+            self.dir.store_port.write_text(str(server.port))
+            url = server.url
+        pool.store_url = url
+        self.dir.write_json(self.dir.supervisor, {
+            "pid": os.getpid(), "store_url": url, "manifest": str(self.manifest_path),
+            "store_pid": None if server is None else server.pid, "started_at": time.time(),
+        })  # fmt: skip
+        self.dir.write_json(self.dir.desired, {"parallelism": self.spec.parallelism,
+                                               "reason": "manual"})  # fmt: skip
+        store = open_store(url)
+        provider = DirectScrapeProvider(window_seconds=10.0)
+        try:
+            info = await store.init_job(self.job, self.spec.key_groups)
+            if info.key_groups != self.spec.key_groups:
+                raise ValueError(
+                    f"job {self.job!r} has {info.key_groups} key groups in its store but the "
+                    f"manifest says {self.spec.key_groups}; the count is fixed for a job's life "
+                    f"(`keyshift store delete {self.job}` starts over)"
+                )
+            records = FileRecordStore(self.dir.controller, self.job)
+            controller = Controller(
+                self.job, self.spec.key_groups, store, pool, records,
+                desired=lambda: self.dir.read_desired(self.spec.parallelism),
+                settings=ControllerSettings(failover_after=self.failover_after),
+                on_event=self.event,
+            )  # fmt: skip
+            self._install_signals()
+            self.event("Normal", f"running {self.job} on store {url}")
+            loop_task = asyncio.create_task(controller.run(self.stop_event))
+            try:
+                await self._show(controller, pool, provider)
+            finally:
+                self.stop_event.set()
+                await loop_task
+        finally:
+            self.event("Normal", "stopping workers (they commit their state)")
+            await pool.close()
+            await provider.close()
+            await store.close()
+            if server is not None:
+                await asyncio.to_thread(server.stop)
+            self._write_stopped_status()
+            with contextlib.suppress(FileNotFoundError):
+                self.dir.supervisor.unlink()
+        return 0
+
+    def _store_port(self) -> int:
+        """The embedded store's port of the last run, if still free: a stable URL."""
+        with contextlib.suppress(OSError, ValueError):
+            port = int(self.dir.store_port.read_text())
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Valkey binds
+                sock.bind(("127.0.0.1", port))
+            return port
+        return 0
+
+    def _stop_leftover_store(self) -> None:
+        """Stop the embedded store of an earlier run of this job that was killed."""
+        try:
+            pid = int(json.loads(self.dir.supervisor.read_text())["store_pid"])
+            # Valkey rewrites its command line; its working directory is its data directory
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        if not pid_alive(pid) or Path(cwd) != self.dir.store.resolve():
+            return  # gone, or not our server (the PID was reused)
+        stop_pid(pid)
+        self.event("Normal", f"stopped the store of an earlier run (pid {pid})")
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop_event.set)
+
+    async def _status(
+        self, controller: Controller, pool: LocalWorkerPool, provider: DirectScrapeProvider
+    ) -> dict[str, Any]:
+        workers = await pool.workers()
+        targets = [
+            WorkerTarget(w.ordinal, w.name, w.metrics_url)
+            for w in workers.values()
+            if w.metrics_url
+        ]
+        load = await provider.collect(self.job, targets) if targets else None
+        record = controller.executor.record
+        doc = status_document(
+            self.job, self.spec.key_groups, controller.assignment,
+            self.dir.read_desired(self.spec.parallelism).parallelism, workers, load,
+            record.current, record.history, running=True, at=time.time(),
+        )  # fmt: skip
+        self.dir.write_json(self.dir.status, doc)
+        return doc
+
+    async def _show(
+        self, controller: Controller, pool: LocalWorkerPool, provider: DirectScrapeProvider
+    ) -> None:
+        if self.live:
+            with Live(console=self.console, refresh_per_second=4, screen=False) as live:
+                while not self.stop_event.is_set():
+                    doc = await self._status(controller, pool, provider)
+                    live.update(render(doc, list(self.events)))
+                    await self._wait(STATUS_INTERVAL)
+        else:
+            while not self.stop_event.is_set():
+                doc = await self._status(controller, pool, provider)
+                print(log_line(doc), flush=True)
+                await self._wait(STATUS_INTERVAL)
+
+    async def _wait(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop_event.wait(), seconds)
+
+    def _write_stopped_status(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads(self.dir.status.read_text())
+            doc["running"] = False
+            for w in doc["workers"]:
+                w.update(ready=False, running=False, pid=None)
+            self.dir.write_json(self.dir.status, doc)
+
+
+def run_local(manifest: Path, **kwargs: Any) -> int:
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s"
+    )
+    return asyncio.run(LocalRun(manifest, **kwargs).run())

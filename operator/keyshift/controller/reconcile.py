@@ -1,0 +1,73 @@
+"""What the controller should start next, when no rescale is running: pure.
+
+In order of precedence:
+
+1. no assignment yet: the first deployment at the desired parallelism;
+2. failover: workers that own key groups and have not been ready for
+   ``failover_after`` seconds lose them to the survivors (claimed by force) —
+   unless no worker at all is ready, which points at a common cause (the
+   store, the network) that a failover would not cure;
+3. rebalance: after a failover, once every worker is ready again, the plain
+   ranges are restored;
+4. the desired parallelism (manual or autoscaler) differs from the current one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from keyshift.controller.assignment import plan_assignment, plan_failover
+from keyshift.controller.pool import WorkerInfo
+from keyshift.controller.rescale import Reason, Rescale, plan_failover_rescale, plan_rescale
+from keyshift.store.protocol import Assignment
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    parallelism: int
+    reason: Reason = "manual"
+
+
+def lost_workers(
+    assignment: Assignment, workers: Mapping[int, WorkerInfo], now: float, failover_after: float
+) -> set[int]:
+    """Owners of key groups that have not been ready for ``failover_after`` seconds."""
+    owners = set(assignment.owners)
+    lost = set()
+    for w in owners:
+        info = workers.get(w)
+        if info is None or info.ready:
+            continue
+        since = info.not_ready_since
+        if since is not None and now - since >= failover_after:
+            lost.add(w)
+    return lost
+
+
+def decide(
+    job: str,
+    key_groups: int,
+    assignment: Assignment | None,
+    workers: Mapping[int, WorkerInfo],
+    desired: Desired,
+    now: float,
+    failover_after: float,
+) -> Rescale | None:
+    if assignment is None:
+        return plan_rescale(job, key_groups, None, 0, 0, desired.parallelism, "initial", now)
+    p, g = assignment.parallelism, assignment.generation
+    owners = assignment.owners
+
+    lost = lost_workers(assignment, workers, now, failover_after)
+    anyone_ready = any(workers[w].ready for w in range(p) if w in workers)
+    if lost and anyone_ready and len(lost) < len(set(owners)):
+        return plan_failover_rescale(job, owners, p, g, plan_failover(owners, lost), now)
+
+    all_ready = all(w in workers and workers[w].ready for w in range(p))
+    if owners != plan_assignment(key_groups, p) and all_ready:
+        return plan_rescale(job, key_groups, owners, p, g, p, "rebalance", now)
+
+    if desired.parallelism != p and all_ready:
+        return plan_rescale(job, key_groups, owners, p, g, desired.parallelism, desired.reason, now)
+    return None

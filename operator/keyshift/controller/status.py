@@ -1,0 +1,95 @@
+"""A job's status as one document: what ``keyshift status --json`` prints, what
+the live view shows, and (later) what the operator writes to the StreamJob's
+status. Built by a pure function from what the controller knows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from keyshift.controller.assignment import describe_ranges, key_groups_of
+from keyshift.controller.metrics_provider import LoadSample
+from keyshift.controller.pool import WorkerInfo
+from keyshift.controller.rescale import Rescale
+from keyshift.store.protocol import Assignment
+
+
+def rescale_summary(r: Rescale) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "from": r.from_parallelism,
+        "to": r.to_parallelism,
+        "reason": r.reason,
+        "generation": r.to_generation,
+        "started_at": r.started_at,
+        "phase": r.phase,
+        "duration_seconds": None if r.duration_seconds is None else round(r.duration_seconds, 4),
+        "max_pause_seconds": r.max_pause_seconds,
+        "moved_key_groups": r.moved_key_groups,
+        "steps": {s.phase: s.seconds for s in r.steps},
+        "outcome": r.outcome,
+        "message": r.message,
+    }
+
+
+def status_document(
+    job: str,
+    key_groups: int,
+    assignment: Assignment | None,
+    desired_parallelism: int,
+    workers: Mapping[int, WorkerInfo],
+    load: LoadSample | None,
+    current: Rescale | None,
+    history: Sequence[Rescale],
+    *,
+    running: bool,
+    at: float,
+) -> dict[str, Any]:
+    owners = assignment.owners if assignment is not None else ()
+    per_worker = {w.ordinal: w for w in load.per_worker} if load is not None else {}
+    worker_docs = []
+    for ordinal, info in sorted(workers.items()):
+        mine = key_groups_of(owners, ordinal)
+        wl = per_worker.get(ordinal)
+        worker_docs.append({
+            "ordinal": ordinal,
+            "name": info.name,
+            "key_groups": mine,
+            "key_ranges": describe_ranges(mine),
+            "ready": info.ready,
+            "running": info.running,
+            "pid": info.pid,
+            "detail": info.detail,
+            "processed_rate": None if wl is None else wl.processed_rate,
+            "busy_ratio": None if wl is None else wl.busy_ratio,
+            "lag": None if wl is None else wl.lag,
+            "cache_hit_ratio": None if wl is None else wl.cache_hit_ratio,
+            "generation": None if wl is None else wl.generation,
+        })  # fmt: skip
+    return {
+        "job": job,
+        "running": running,
+        "at": at,
+        "key_groups": key_groups,
+        "parallelism": 0 if assignment is None else assignment.parallelism,
+        "desired_parallelism": desired_parallelism,
+        "generation": 0 if assignment is None else assignment.generation,
+        "workers": worker_docs,
+        "lag": None if load is None else load.lag,
+        "rates": {
+            "input": None if load is None else load.arrival_rate,
+            "processed": None if load is None else load.processed_rate,
+        },
+        "metrics_complete": False if load is None else load.complete,
+        "metrics_missing": [] if load is None else list(load.missing),
+        "cache_hit_ratio": _cache_hit_ratio(load),
+        "rescale_in_progress": None if current is None else rescale_summary(current),
+        "rescales": [rescale_summary(r) for r in history],
+    }
+
+
+def _cache_hit_ratio(load: LoadSample | None) -> float | None:
+    if load is None:
+        return None
+    ratios = [w.cache_hit_ratio for w in load.per_worker if w.cache_hit_ratio is not None]
+    return sum(ratios) / len(ratios) if ratios else None

@@ -1,0 +1,243 @@
+"""``keyshift run`` end to end: real supervisor, worker processes and Valkey.
+
+Each test runs the counter job over a bounded generator, rescales or breaks it
+while it runs, and ends with the exact expected state and sound ownership.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from keyshift.controller.assignment import moved, plan_assignment
+from keyshift.runtime.config import worker_name
+from keyshift.store import RedisStateStore
+from tests.controller.localjob import LocalJob
+from tests.support import (
+    all_done,
+    assert_exact_counter_state,
+    assert_owned_as_assigned,
+    counter_manifest,
+    positions,
+    wait_for,
+    write_manifest,
+)
+
+pytestmark = pytest.mark.slow
+
+KEY_GROUPS = 16
+
+
+def manifest(
+    tmp_path: Path, job: str, parallelism: int, limit: int, rate: int
+) -> tuple[Path, dict[str, Any]]:
+    source = {"seed": 11, "keys": 3000, "distribution": "zipf", "limit": limit,
+              "rate": {"shape": "constant", "recordsPerSecond": rate}}  # fmt: skip
+    doc = counter_manifest(
+        job, key_groups=KEY_GROUPS, parallelism=parallelism,
+        store_url="redis://127.0.0.1:1",  # replaced by the embedded store
+        source=source, checkpoint_interval="100ms",
+    )  # fmt: skip
+    return write_manifest(tmp_path, doc), source
+
+
+@pytest.fixture
+def local_jobs() -> Iterator[list[LocalJob]]:
+    jobs: list[LocalJob] = []
+    yield jobs
+    for job in jobs:
+        job.close()
+
+
+class PositionSampler:
+    """Samples every key group's committed position, to see who paused when."""
+
+    def __init__(self, store: RedisStateStore, job: str) -> None:
+        self.store, self.job = store, job
+        self.samples: list[tuple[float, list[int]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            self.samples.append((time.time(), await positions(self.store, self.job, KEY_GROUPS)))
+            await asyncio.sleep(0.02)
+
+    def __enter__(self) -> PositionSampler:
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+    def advanced_within(self, kg: int, start: float, end: float) -> bool:
+        """Whether key group ``kg`` committed progress inside ``(start, end)``."""
+        inside = [p[kg] for t, p in self.samples if start < t < end]
+        before = [p[kg] for t, p in self.samples if t <= start]
+        if not inside or not before:
+            return False
+        return max(inside) > before[-1]
+
+
+def handoff_window(rescale: dict[str, Any]) -> tuple[float, float]:
+    """From the publication of the new generation to the end of the handoffs."""
+    steps = {s["phase"]: s["seconds"] for s in rescale["steps"]}
+    published = rescale["started_at"] + steps.get("starting_workers", 0) + steps["publishing"]
+    return published, published + steps["handing_off"]
+
+
+async def test_scale_1_4_2_3_keeps_state_exact_and_unmoved_key_groups_running(
+    tmp_path: Path, local_jobs: list[LocalJob]
+) -> None:
+    limit = 6000
+    path, source = manifest(tmp_path, "scaling", parallelism=1, limit=limit, rate=4000)
+    job = LocalJob(tmp_path, path, "scaling").start()
+    local_jobs.append(job)
+    await asyncio.to_thread(
+        job.wait_status, lambda s: s["parallelism"] == 1 and s["workers"][0]["ready"], 60,
+        "the first worker",
+    )  # fmt: skip
+    store = job.store()
+    with PositionSampler(store, "scaling") as sampler:
+        for target in (4, 2, 3):
+            await asyncio.to_thread(job.scale, target)
+            record = job.controller_record()["history"][-1]
+            assert (record["to_parallelism"], record["outcome"]) == (target, "succeeded")
+            assignment = await store.get_assignment("scaling")
+            assert assignment is not None
+            assert assignment.owners == plan_assignment(KEY_GROUPS, target)
+            await assert_owned_as_assigned(store, "scaling", assignment)
+            start, end = handoff_window(record)
+            await wait_for(partial(_after, sampler, end + 0.3), 5, "samples after the handoff")
+            unmoved = set(range(KEY_GROUPS)) - moved(record["from_owners"], record["to_owners"])
+            assert unmoved, "every rescale here leaves some key groups in place"
+            stalled = [kg for kg in unmoved if not sampler.advanced_within(kg, start, end + 0.1)]
+            assert not stalled, f"unmoved key groups {stalled} made no progress in the handoff"
+            assert (await positions(store, "scaling", KEY_GROUPS)) != [limit] * KEY_GROUPS, (
+                "the job finished before the rescale: the test proves nothing; raise the limit"
+            )
+    await wait_for(lambda: all_done(store, "scaling", KEY_GROUPS, limit), 90, "the job to finish")
+    await assert_exact_counter_state(store, "scaling", source, KEY_GROUPS, limit)
+    await store.close()
+    assert job.interrupt() == 0
+
+
+async def _after(sampler: PositionSampler, t: float) -> bool:
+    return bool(sampler.samples) and sampler.samples[-1][0] > t
+
+
+async def test_failover_moves_a_killed_workers_key_groups_and_gives_them_back(
+    tmp_path: Path, local_jobs: list[LocalJob]
+) -> None:
+    limit, failover_after = 5000, 3.0
+    path, source = manifest(tmp_path, "failover", parallelism=4, limit=limit, rate=4000)
+    job = LocalJob(tmp_path, path, "failover", extra_args=(
+        "--failover-after", str(failover_after), "--restart-delay", "6",
+    )).start()  # fmt: skip
+    local_jobs.append(job)
+    await asyncio.to_thread(
+        job.wait_status, lambda s: s["parallelism"] == 4 and all(w["ready"] for w in s["workers"])
+        and len(s["workers"]) == 4, 60, "four ready workers",
+    )  # fmt: skip
+    store = job.store()
+    lost = list(plan_assignment(KEY_GROUPS, 4)).index(1), 8  # key groups 4..7
+    lost_kgs = range(*lost)
+    before = await positions(store, "failover", KEY_GROUPS)
+    killed_at = time.monotonic()
+    os.kill(job.worker_pid(1), signal.SIGKILL)
+
+    async def taken_over_and_moving() -> bool:
+        now = await positions(store, "failover", KEY_GROUPS)
+        for kg in lost_kgs:
+            info = await store.key_group_info("failover", kg)
+            if info.owner in ("", worker_name("failover", 1)) or now[kg] <= before[kg]:
+                return False
+        return True
+
+    await wait_for(taken_over_and_moving, failover_after + 2, "survivors to resume 4..7")
+    took = time.monotonic() - killed_at
+    assert took <= failover_after + 2
+
+    async def recorded(reason: str) -> bool:
+        return any(r["reason"] == reason for r in job.controller_record()["history"])
+
+    await wait_for(partial(recorded, "failover"), 10, "the failover's record")
+    failover = next(r for r in job.controller_record()["history"] if r["reason"] == "failover")
+    assert (failover["forced"], failover["outcome"]) == (list(lost_kgs), "succeeded")
+
+    # the restarted worker gets its key groups back in a rebalance
+    await wait_for(partial(recorded, "rebalance"), 40, "the restarted worker's key groups back")
+    rebalance = job.controller_record()["history"][-1]
+    assert (rebalance["reason"], rebalance["outcome"]) == ("rebalance", "succeeded")
+    assignment = await store.get_assignment("failover")
+    assert assignment is not None
+    assert assignment.owners == plan_assignment(KEY_GROUPS, 4)
+    await wait_for(lambda: all_done(store, "failover", KEY_GROUPS, limit), 90, "the job to finish")
+    await assert_owned_as_assigned(store, "failover", assignment)
+    await assert_exact_counter_state(store, "failover", source, KEY_GROUPS, limit)
+    await store.close()
+    assert job.interrupt() == 0
+
+
+async def test_a_controller_killed_after_publishing_completes_the_rescale_on_restart(
+    tmp_path: Path, local_jobs: list[LocalJob]
+) -> None:
+    limit = 4000
+    path, source = manifest(tmp_path, "restart", parallelism=2, limit=limit, rate=3000)
+    job = LocalJob(tmp_path, path, "restart")
+    job.env["KEYSHIFT_CRASH_POINTS"] = "executor.publish.after=1"
+    job.start()
+    local_jobs.append(job)
+    # the first deployment publishes too: that crash is part of the test
+    await asyncio.to_thread(_wait_exit, job)
+    del job.env["KEYSHIFT_CRASH_POINTS"]
+    job.start()
+    await asyncio.to_thread(
+        job.wait_status, lambda s: s["parallelism"] == 2 and not s["rescale_in_progress"]
+        and all(w["ready"] for w in s["workers"]), 60, "the first deployment to complete",
+    )  # fmt: skip
+    job.interrupt()
+
+    job.env["KEYSHIFT_CRASH_POINTS"] = "executor.publish.after=1"
+    job.start()
+    assert job.cli("scale", "restart", "4").returncode == 0
+    await asyncio.to_thread(_wait_exit, job)  # died between publish and completion
+    current = job.controller_record()["current"]
+    assert current is not None and current["phase"] == "publishing"
+
+    del job.env["KEYSHIFT_CRASH_POINTS"]
+    job.start()
+    store = job.store()
+    assignment = await store.get_assignment("restart")
+    assert assignment is not None and assignment.generation >= 2  # it had been published
+    # the manifest says 2, but the rescale in flight completes first
+    await asyncio.to_thread(
+        job.wait_status, lambda s: any(r["to"] == 4 and r["outcome"] == "succeeded"
+                                       for r in s["rescales"]), 60, "the resumed rescale",
+    )  # fmt: skip
+    await asyncio.to_thread(
+        job.wait_status, lambda s: s["parallelism"] == 2 and not s["rescale_in_progress"], 60,
+        "the manifest's parallelism",
+    )  # fmt: skip
+    assignment = await store.get_assignment("restart")
+    assert assignment is not None
+    await wait_for(lambda: all_done(store, "restart", KEY_GROUPS, limit), 90, "the job to finish")
+    await assert_owned_as_assigned(store, "restart", assignment)
+    await assert_exact_counter_state(store, "restart", source, KEY_GROUPS, limit)
+    await store.close()
+    assert job.interrupt() == 0
+
+
+def _wait_exit(job: LocalJob, timeout: float = 60) -> None:
+    assert job.process is not None
+    code = job.process.wait(timeout=timeout)
+    assert code == -signal.SIGKILL, job.log()
+    job.process = None

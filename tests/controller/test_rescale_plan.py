@@ -1,0 +1,180 @@
+"""The rescale protocol and the controller's decisions, as pure functions."""
+
+from __future__ import annotations
+
+from keyshift.controller.assignment import plan_assignment, plan_failover
+from keyshift.controller.pool import WorkerInfo
+from keyshift.controller.reconcile import Desired, decide
+from keyshift.controller.rescale import (
+    Advance,
+    Deadlines,
+    Finish,
+    ForceHandoff,
+    Observation,
+    Publish,
+    StartWorkers,
+    StopWorkers,
+    Wait,
+    WorkerView,
+    awaited_workers,
+    next_step,
+    plan_failover_rescale,
+    plan_rescale,
+)
+from keyshift.store.protocol import Assignment
+
+K = 8
+DL = Deadlines(ready_seconds=10, handoff_seconds=5, forced_handoff_seconds=5)
+
+
+def obs(
+    now: float,
+    generation: int,
+    workers: dict[int, bool],
+    acks: dict[int, int] | None = None,
+) -> Observation:
+    return Observation(
+        now=now,
+        generation=generation,
+        workers={w: WorkerView(w, ready=r, running=True) for w, r in workers.items()},
+        acks=acks or {},
+    )
+
+
+def test_scale_up_starts_workers_then_publishes_then_waits_for_every_worker() -> None:
+    owners = plan_assignment(K, 2)
+    r = plan_rescale("j", K, owners, 2, 3, 4, "manual", now=100.0)
+    assert (r.start_workers, r.stop_workers, r.phase) == ([2, 3], [], "starting_workers")
+    assert next_step(r, obs(100, 3, {0: True, 1: True}), DL) == StartWorkers((2, 3))
+    assert isinstance(next_step(r, obs(101, 3, {0: True, 1: True, 2: True, 3: False}), DL), Wait)
+    assert next_step(r, obs(102, 3, {0: True, 1: True, 2: True, 3: True}), DL) == Advance(
+        "publishing"
+    )
+    r.phase, r.phase_started_at = "publishing", 102
+    step = next_step(r, obs(102, 3, {}), DL)
+    assert step == Publish(
+        generation=4,
+        expected_generation=3,
+        owners=plan_assignment(K, 4),
+        forced=frozenset(),
+        parallelism=4,
+    )
+    r.phase, r.phase_started_at = "handing_off", 102
+    assert awaited_workers(r) == {0, 1, 2, 3}
+    half = obs(103, 4, {}, acks={0: 4, 1: 3, 2: 4, 3: 4})
+    assert isinstance(next_step(r, half, DL), Wait)
+    done = obs(103, 4, {}, acks={0: 4, 1: 4, 2: 4, 3: 4})
+    assert next_step(r, done, DL) == Advance("finished")
+
+
+def test_scale_down_publishes_first_then_stops_idle_workers() -> None:
+    owners = plan_assignment(K, 4)
+    r = plan_rescale("j", K, owners, 4, 7, 2, "manual", now=0.0)
+    assert (r.phase, r.stop_workers) == ("publishing", [2, 3])
+    r.phase = "handing_off"
+    # the workers being removed must report too: that is their release
+    assert awaited_workers(r) == {0, 1, 2, 3}
+    assert next_step(r, obs(1, 8, {}, acks={0: 8, 1: 8, 2: 8, 3: 8}), DL) == Advance(
+        "stopping_workers"
+    )
+    r.phase = "stopping_workers"
+    assert next_step(r, obs(1, 8, {0: True, 1: True, 2: True, 3: True}), DL) == StopWorkers((2, 3))
+    assert next_step(r, obs(1, 8, {0: True, 1: True}), DL) == Advance("finished")
+
+
+def test_new_workers_never_ready_roll_back_keeping_the_old_generation() -> None:
+    r = plan_rescale("j", K, plan_assignment(K, 2), 2, 3, 4, "manual", now=100.0)
+    view = obs(111, 3, {0: True, 1: True, 2: True, 3: False})
+    step = next_step(r, view, DL)
+    assert isinstance(step, Finish)
+    assert step.outcome == "rolled_back"
+    assert step.stop == (2, 3)
+    assert "worker 3" in step.message and "generation 3 kept" in step.message
+
+
+def test_published_before_a_restart_is_not_published_again() -> None:
+    owners = plan_assignment(K, 4)
+    r = plan_rescale("j", K, owners, 4, 7, 2, "manual", now=0.0)
+    assert next_step(r, obs(1, 8, {}), DL) == Advance("handing_off")
+    assert isinstance(next_step(r, obs(1, 9, {}), DL), Finish)  # someone else moved it
+
+
+def test_an_old_owner_that_does_not_release_is_forced_after_the_deadline() -> None:
+    owners = plan_assignment(K, 4)
+    r = plan_rescale("j", K, owners, 4, 7, 2, "manual", now=0.0)
+    r.phase, r.phase_started_at = "handing_off", 0.0
+    stuck = obs(6, 8, {}, acks={0: 8, 1: 8, 2: 8, 3: 7})
+    step = next_step(r, stuck, DL)
+    assert step == ForceHandoff(laggards=(3,), forced=frozenset({6, 7}))
+    r.handoff_forced, r.to_generation = True, 9
+    r.excused_workers = [3]
+    assert next_step(r, obs(7, 9, {}, acks={0: 9, 1: 9, 2: 9, 3: 7}), DL) == Advance(
+        "stopping_workers"
+    )
+    late = obs(11, 9, {}, acks={0: 8, 1: 9, 2: 9})
+    assert isinstance(next_step(r, late, DL), Finish)
+
+
+def test_failover_forces_only_the_lost_workers_key_groups() -> None:
+    owners = plan_assignment(K, 4)
+    new = plan_failover(owners, {1})
+    r = plan_failover_rescale("j", owners, 4, 5, new, now=0.0)
+    assert r.forced == [2, 3]
+    assert r.excused_workers == [1]
+    assert awaited_workers(r) == {0, 2, 3}
+    assert r.phase == "publishing"
+    step = next_step(r, obs(0, 5, {}), DL)
+    assert isinstance(step, Publish)
+    assert step.forced == frozenset({2, 3})
+
+
+def info(ordinal: int, ready: bool, not_ready_since: float | None = None) -> WorkerInfo:
+    return WorkerInfo(
+        ordinal=ordinal,
+        name=f"j-worker-{ordinal}",
+        running=ready,
+        ready=ready,
+        not_ready_since=None if ready else not_ready_since,
+    )
+
+
+def test_decide_first_deployment() -> None:
+    r = decide("j", K, None, {}, Desired(3), now=0.0, failover_after=3)
+    assert r is not None
+    assert (r.reason, r.from_parallelism, r.to_parallelism, r.to_generation) == ("initial", 0, 3, 1)
+
+
+def test_decide_failover_only_after_failover_after() -> None:
+    a = Assignment(5, 4, plan_assignment(K, 4))
+    workers = {0: info(0, True), 1: info(1, False, 10.0), 2: info(2, True), 3: info(3, True)}
+    assert decide("j", K, a, workers, Desired(4), now=12.9, failover_after=3) is None
+    r = decide("j", K, a, workers, Desired(4), now=13.0, failover_after=3)
+    assert r is not None
+    assert (r.reason, r.forced) == ("failover", [2, 3])
+
+
+def test_decide_no_failover_when_no_worker_is_ready() -> None:
+    """A common cause (store or network outage): moving key groups would not help."""
+    a = Assignment(5, 2, plan_assignment(K, 2))
+    workers = {0: info(0, False, 0.0), 1: info(1, False, 0.0)}
+    assert decide("j", K, a, workers, Desired(2), now=100.0, failover_after=3) is None
+
+
+def test_decide_rebalances_once_everyone_is_ready_again() -> None:
+    owners = plan_failover(plan_assignment(K, 4), {1})
+    a = Assignment(6, 4, owners)
+    all_ready = {w: info(w, True) for w in range(4)}
+    r = decide("j", K, a, all_ready, Desired(4), now=0.0, failover_after=3)
+    assert r is not None
+    assert (r.reason, tuple(r.to_owners), r.forced) == ("rebalance", plan_assignment(K, 4), [])
+    one_down = {**all_ready, 1: info(1, False, 0.0)}
+    assert decide("j", K, a, one_down, Desired(4), now=1.0, failover_after=3) is None
+
+
+def test_decide_follows_the_desired_parallelism() -> None:
+    a = Assignment(2, 2, plan_assignment(K, 2))
+    ready = {w: info(w, True) for w in range(2)}
+    assert decide("j", K, a, ready, Desired(2), now=0.0, failover_after=3) is None
+    r = decide("j", K, a, ready, Desired(5, "autoscaler"), now=0.0, failover_after=3)
+    assert r is not None
+    assert (r.reason, r.to_parallelism, r.start_workers) == ("autoscaler", 5, [2, 3, 4])
