@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from keyshift.runtime.api import Job, ListState, MapState, ValueState, load_job
+from keyshift.runtime.api import Job, JobLoadError, ListState, MapState, ValueState, load_job
 
 
 class DictAccess:
@@ -77,5 +77,9 @@ def test_load_job_imports_the_entrypoint() -> None:
     assert job.name == "counter" and job.state_names == ["count", "total"]
     with pytest.raises(ValueError, match="module:attribute"):
         load_job("examples.counter")
-    with pytest.raises(TypeError, match="not a Job"):
+    with pytest.raises(JobLoadError, match="not a Job"):
         load_job("examples.counter:process")
+    with pytest.raises(JobLoadError, match=r"'examples\.nope:job' cannot be loaded: No module"):
+        load_job("examples.nope:job")
+    with pytest.raises(JobLoadError, match=r"cannot be loaded: .* no attribute 'jobb'"):
+        load_job("examples.counter:jobb")

@@ -50,6 +50,27 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(handler=_status)
 
+    op = commands.add_parser("operator", help="run the Kubernetes operator (kopf)")
+    op.add_argument("-n", "--namespace", action="append", default=[],
+                    help="watch this namespace (repeatable; a glob pattern works too)")  # fmt: skip
+    op.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    op.add_argument("--standalone", action="store_true", help="no leader election (one replica)")
+    op.add_argument("--peering", help="kopf peering object for leader election (default: default)")
+    op.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    op.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    op.add_argument("--metrics-port", type=int, help="serve the operator's /metrics here")
+    op.add_argument("--metrics-host", default="0.0.0.0")
+    op.set_defaults(handler=_operator)
+
+    crd = commands.add_parser("crd", help="print, write or check the StreamJob CRD")
+    crd.add_argument("--output", type=Path, default=Path("crds/streamjob.yaml"),
+                     help="the CRD file (default: crds/streamjob.yaml)")  # fmt: skip
+    crd_mode = crd.add_mutually_exclusive_group()
+    crd_mode.add_argument("--write", action="store_true", help="write it to --output")
+    crd_mode.add_argument("--check", action="store_true",
+                          help="exit 1 with a diff when --output differs from it")  # fmt: skip
+    crd.set_defaults(handler=_crd)
+
     add_store_commands(commands)
     return parser
 
@@ -61,6 +82,24 @@ def _run(args: argparse.Namespace) -> int:
         args.manifest, base_dir=args.dir, store_url=args.store_url,
         failover_after=args.failover_after, restart_delay=args.restart_delay,
     )  # fmt: skip
+
+
+def _operator(args: argparse.Namespace) -> int:
+    import prometheus_client
+
+    from keyshift.controller.handlers import run_operator
+
+    if not args.namespace and not args.all_namespaces:
+        console.print("give --namespace NS (repeatable) or --all-namespaces")
+        return 2
+    if args.metrics_port is not None:
+        prometheus_client.start_http_server(args.metrics_port, addr=args.metrics_host)
+    run_operator(
+        namespaces=args.namespace, clusterwide=args.all_namespaces,
+        standalone=args.standalone, peering=args.peering, priority=args.priority,
+        liveness=args.liveness,
+    )  # fmt: skip
+    return 0
 
 
 def _scale(args: argparse.Namespace) -> int:
@@ -114,6 +153,31 @@ def _status(args: argparse.Namespace) -> int:
         console.print(render(doc))
         if not doc["running"]:
             console.print("[yellow]not running: figures are from its last second[/yellow]")
+    return 0
+
+
+def _crd(args: argparse.Namespace) -> int:
+    import difflib
+
+    from keyshift.controller.crd import WRITE_COMMAND, render_yaml, streamjob_crd
+
+    text = render_yaml(streamjob_crd())
+    path: Path = args.output
+    if args.write:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        console.print(f"wrote {path}")
+    elif args.check:
+        current = path.read_text() if path.exists() else ""
+        if current != text:
+            sys.stdout.writelines(difflib.unified_diff(
+                current.splitlines(keepends=True), text.splitlines(keepends=True),
+                fromfile=str(path), tofile="generated",
+            ))  # fmt: skip
+            print(f"{path} is stale: run `{WRITE_COMMAND}`", file=sys.stderr)
+            return 1
+    else:
+        sys.stdout.write(text)
     return 0
 
 

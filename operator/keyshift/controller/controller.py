@@ -93,7 +93,7 @@ class Controller:
             self._error(str(exc))
             return
         if rescale is not None:
-            self.executor.begin(rescale)
+            await self.executor.begin(rescale)
             await self.executor.advance()
 
     def _error(self, message: str) -> None:

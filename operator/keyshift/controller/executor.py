@@ -33,6 +33,7 @@ from keyshift.controller.rescale import (
     WorkerView,
     next_step,
 )
+from keyshift.runtime.config import worker_name
 from keyshift.runtime.faults import crash_point
 from keyshift.store.protocol import Assignment, StateStore
 
@@ -40,11 +41,6 @@ log = logging.getLogger("keyshift.controller")
 
 EventSink = Callable[[str, str], None]
 """``(kind, message)``: kind is ``Normal`` or ``Warning``, as Kubernetes Events."""
-
-
-def worker_name(job: str, ordinal: int) -> str:
-    """A worker's name: its pod's name."""
-    return f"{job}-worker-{ordinal}"
 
 
 def ordinal_of(job: str, name: str) -> int | None:
@@ -94,9 +90,9 @@ class RescaleExecutor:
             acks=acks,
         )
 
-    def begin(self, rescale: Rescale) -> None:
+    async def begin(self, rescale: Rescale) -> None:
         self.record.current = rescale
-        self.records.save(self.record)
+        await self.records.save(self.record)
         self.on_event(
             "Normal",
             f"rescale {rescale.from_parallelism} -> {rescale.to_parallelism} "
@@ -133,14 +129,14 @@ class RescaleExecutor:
                     expected_generation=step.expected_generation,
                 )
                 crash_point("executor.publish.after")
-                self._enter(r, "handing_off")
+                await self._enter(r, "handing_off")
             elif isinstance(step, ForceHandoff):
                 await self._force(r, step)
             elif isinstance(step, Advance):
                 if step.phase == "finished":
                     await self._finish(r, "succeeded", "")
                     return r
-                self._enter(r, step.phase)
+                await self._enter(r, step.phase)
             elif isinstance(step, Finish):
                 if step.stop:
                     await self.pool.stop(step.stop)
@@ -148,12 +144,12 @@ class RescaleExecutor:
                 return r
         return None
 
-    def _enter(self, r: Rescale, phase: str) -> None:
+    async def _enter(self, r: Rescale, phase: str) -> None:
         now = self.clock()
         r.steps = [*r.steps, StepTiming(r.phase, round(now - r.phase_started_at, 4))]
         r.phase = phase  # type: ignore[assignment]
         r.phase_started_at = now
-        self.records.save(self.record)
+        await self.records.save(self.record)
         log.info("rescale %s: %s", r.id, phase)
         crash_point(f"executor.{phase}.entered")
 
@@ -173,7 +169,7 @@ class RescaleExecutor:
         r.forced = sorted(step.forced)
         r.excused_workers = sorted(set(r.excused_workers) | set(step.laggards))
         r.handoff_forced = True
-        self.records.save(self.record)
+        await self.records.save(self.record)
         self.on_event(
             "Warning",
             f"workers {list(step.laggards)} did not release within "
@@ -191,7 +187,7 @@ class RescaleExecutor:
         if outcome == "succeeded":
             r.max_pause_seconds = await self._max_pause(r)
         self.record.finish(r)
-        self.records.save(self.record)
+        await self.records.save(self.record)
         summary = (
             f"rescale {r.from_parallelism} -> {r.to_parallelism} ({r.reason}) {outcome} "
             f"in {now - r.started_at:.2f}s"

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import httpx
 
-from keyshift.controller.executor import worker_name
 from keyshift.controller.pool import WorkerInfo
+from keyshift.runtime.config import worker_name
 from keyshift.store.server import free_port
 
 PR_SET_PDEATHSIG = 1

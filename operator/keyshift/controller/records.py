@@ -32,7 +32,9 @@ class ControllerRecord(msgspec.Struct, kw_only=True):
 
 class RecordStore(Protocol):
     def load(self) -> ControllerRecord: ...
-    def save(self, record: ControllerRecord) -> None: ...
+    async def save(self, record: ControllerRecord) -> None:
+        """Persist ``record`` before returning (the executor's progress depends on it)."""
+        ...
 
 
 class FileRecordStore:
@@ -47,7 +49,7 @@ class FileRecordStore:
             return ControllerRecord(job=self.job)
         return msgspec.json.decode(self.path.read_bytes(), type=ControllerRecord)
 
-    def save(self, record: ControllerRecord) -> None:
+    async def save(self, record: ControllerRecord) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_bytes(msgspec.json.format(msgspec.json.encode(record)))

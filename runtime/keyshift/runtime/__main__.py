@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
-from keyshift.runtime.api import load_job
+from pydantic import ValidationError
+
+from keyshift.runtime.api import JobLoadError, load_job
 from keyshift.runtime.config import load_manifest, settings_from
 from keyshift.runtime.httpserver import start_http
 from keyshift.runtime.worker import Worker
@@ -24,8 +27,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--manifest", required=True, help="StreamJob manifest (YAML)")
     parser.add_argument("--ordinal", type=int, help="worker ordinal (or KEYSHIFT_WORKER_ORDINAL)")
     parser.add_argument("--store-url", help="state store URL (or KEYSHIFT_STORE_URL)")
-    parser.add_argument("--http-host", default="127.0.0.1")
-    parser.add_argument("--http-port", type=int, help="serve /metrics, /healthz, /readyz here")
+    parser.add_argument(
+        "--http-host", default=os.environ.get("KEYSHIFT_HTTP_HOST", "127.0.0.1"),
+        help="address of the HTTP server (or KEYSHIFT_HTTP_HOST; default 127.0.0.1)",
+    )  # fmt: skip
+    env_port = os.environ.get("KEYSHIFT_HTTP_PORT")
+    parser.add_argument(
+        "--http-port", type=int, default=int(env_port) if env_port else None,
+        help="serve /metrics, /healthz, /readyz here (or KEYSHIFT_HTTP_PORT)",
+    )  # fmt: skip
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -54,6 +64,21 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
+TERMINATION_LOG = "/dev/termination-log"
+"""Where Kubernetes reads a container's last words (``terminationMessagePath``)."""
+
+
+def report_fatal(message: str) -> None:
+    """Log why the worker cannot run and leave it as the pod's termination message."""
+    log.error("%s", message)
+    path = os.environ.get("KEYSHIFT_TERMINATION_LOG", TERMINATION_LOG)
+    try:
+        with open(path, "w") as out:
+            out.write(message[:4096])
+    except OSError:
+        pass  # not on Kubernetes
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -61,7 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return asyncio.run(run(args))
+    try:
+        return asyncio.run(run(args))
+    except (JobLoadError, ValidationError, ValueError, OSError) as exc:
+        report_fatal(f"{type(exc).__name__}: {exc}")
+        return 1
 
 
 if __name__ == "__main__":

@@ -260,6 +260,10 @@ class Job(Generic[R]):
         return [s.name for s in self.states]
 
 
+class JobLoadError(Exception):
+    """The job's ``module:attribute`` does not name an importable Job."""
+
+
 def load_job(entrypoint: str) -> Job[Any]:
     """Import ``module:attribute`` and check that it is a :class:`Job`."""
     import importlib
@@ -267,10 +271,12 @@ def load_job(entrypoint: str) -> Job[Any]:
     module_name, sep, attribute = entrypoint.partition(":")
     if not sep or not module_name or not attribute:
         raise ValueError(f"job entrypoint {entrypoint!r}: expected 'module:attribute'")
-    module = importlib.import_module(module_name)
-    obj: Any = module
-    for part in attribute.split("."):
-        obj = getattr(obj, part)
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise JobLoadError(f"job entrypoint {entrypoint!r} cannot be loaded: {exc}") from exc
     if not isinstance(obj, Job):
-        raise TypeError(f"job entrypoint {entrypoint!r} is a {type(obj).__name__}, not a Job")
+        raise JobLoadError(f"job entrypoint {entrypoint!r} is a {type(obj).__name__}, not a Job")
     return obj

@@ -16,7 +16,9 @@ The manifest is the Kubernetes custom resource a user applies::
 A worker adds what its pod knows: ``KEYSHIFT_WORKER_ORDINAL``,
 ``KEYSHIFT_STORE_URL`` (overrides ``spec.stateStore.url``),
 ``KEYSHIFT_STORE_PASSWORD_FILE`` (a mounted Secret) or ``KEYSHIFT_STORE_PASSWORD``.
-The operator reuses :class:`StreamJobSpec`.
+The operator reuses :class:`StreamJobSpec`, and the StreamJob CRD
+(``crds/streamjob.yaml``) is generated from it by ``keyshift crd --write``: its
+docstrings are the CRD's field descriptions.
 """
 
 from __future__ import annotations
@@ -25,9 +27,19 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from keyshift.store.protocol import check_job_name
@@ -49,12 +61,42 @@ def parse_duration(value: Any) -> Any:
     return value
 
 
-Seconds = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+Seconds = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    Field(gt=0),
+    WithJsonSchema({
+        "anyOf": [
+            {"type": "number", "exclusiveMinimum": 0},
+            {"type": "string", "pattern": _DURATION.pattern},
+        ]
+    }),
+]  # fmt: skip
+"""A duration in seconds: a number, or a string like ``500ms``, ``2s``, ``1.5m``, ``1h``."""
+
+# A Kubernetes resource quantity (``500m``, ``2``, ``1.5Gi``, ``1e3``), as the API server
+# accepts it; integers are quantities too.
+_QUANTITY: Final = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+Quantity = int | Annotated[str, StringConstraints(pattern=_QUANTITY)]
 
 
 class Model(BaseModel):
+    """Base of the manifest's models: camelCase names, unknown fields refused, immutable.
+
+    Class and attribute docstrings are the descriptions of the JSON schema, hence of the
+    CRD (``keyshift crd``): write them for the user of the manifest.
+    """
+
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+        hide_input_in_errors=True,  # a rejected store URL may hold a password
     )
 
 
@@ -69,13 +111,21 @@ class RateSpec(Model):
     """
 
     shape: Literal["constant", "step", "sine", "spike", "points"] = "constant"
+    """How the rate changes over time (see the description of ``rate``)."""
     records_per_second: float | None = Field(default=None, ge=0)
+    """The base rate in records per second; omitted with shape ``constant``: unlimited."""
     to: float = Field(default=0.0, ge=0)
+    """The rate after ``at`` (``step``) or during the spike (``spike``)."""
     at: float = Field(default=0.0, ge=0)
+    """Seconds of job time when the step or the spike starts."""
     duration: float = Field(default=0.0, ge=0)
+    """Seconds the spike lasts."""
     amplitude: float = Field(default=0.0, ge=0)
+    """Amplitude of the ``sine`` shape (at most ``recordsPerSecond``)."""
     period: float = Field(default=60.0, gt=0)
+    """Period of the ``sine`` shape in seconds."""
     points: list[tuple[float, float]] = Field(default_factory=list)
+    """``[[t, rate], ...]`` with increasing ``t`` (seconds) for the ``points`` shape."""
 
     @model_validator(mode="after")
     def _check(self) -> RateSpec:
@@ -97,52 +147,253 @@ class GeneratorSource(Model):
     """The deterministic generator: record ``(kg, offset)`` depends on the seed only."""
 
     type: Literal["generator"] = "generator"
+    """The source type; ``generator`` is the only one so far."""
     seed: int = 0
+    """Seed of the generated records."""
     keys: int = Field(default=10_000, ge=1)
     """Distinct keys over all key groups; key ``i`` belongs to key group ``i % keyGroups``."""
     distribution: Literal["uniform", "zipf"] = "uniform"
+    """How keys are drawn inside a key group."""
     zipf_exponent: float = Field(default=1.1, gt=0)
+    """Exponent of the ``zipf`` distribution (larger: more skew)."""
     max_value: int = Field(default=100, ge=1)
     """Record values are drawn from ``[1, maxValue]``."""
     rate: RateSpec = Field(default_factory=RateSpec)
+    """Input rate over time."""
     limit: int | None = Field(default=None, ge=0)
     """Records per key group, for bounded runs (tests); omitted: unbounded."""
 
 
 class LogSink(Model):
+    """Outputs as JSON lines, to a file or standard output."""
+
     type: Literal["log"] = "log"
+    """The sink type."""
     path: str | None = None
     """File to append JSON lines to; omitted: standard output."""
     fsync: bool = False
+    """Whether to fsync the file before each state commit."""
 
 
 class NullSink(Model):
+    """Outputs are dropped."""
+
     type: Literal["null"] = "null"
+    """The sink type."""
 
 
 class StateStoreSpec(Model):
-    url: str | None = None
+    """Where the job's keyed state lives: a Valkey/Redis server or Redis Cluster."""
+
+    url: str | None = Field(default=None, max_length=4096)
+    """``redis://host:port[/db]``, ``rediss://...`` (TLS) or
+    ``redis+cluster://host:port[,host:port...]``, without a password."""
     password_file: str | None = None
+    """A file with the store's password, for local runs (on Kubernetes: ``secretRef``)."""
     secret_ref: str | None = None
-    """Name of a Kubernetes Secret with the password (the operator mounts it)."""
+    """Name of a Kubernetes Secret with the password under the key ``password``
+    (the operator mounts it into the workers)."""
     cache_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     """Byte bound of each worker's state cache."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_password(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "password" in data:
+            raise ValueError(
+                "stateStore.password is not a field: put the password in a Secret and "
+                "name it in stateStore.secretRef"
+            )
+        return data
+
+    @field_validator("url")
+    @classmethod
+    def _no_password_in_url(cls, url: str | None) -> str | None:
+        if url and url_has_password(url):
+            raise ValueError(STORE_URL_PASSWORD_MESSAGE)
+        return url
+
+
+STORE_URL_PASSWORD_MESSAGE: Final = (
+    "stateStore.url must not contain a password: put it in a Secret and name it in "
+    "stateStore.secretRef"
+)
+
+
+def url_has_password(url: str) -> bool:
+    """Whether a URL carries a password (``scheme://:pw@host`` or ``scheme://user:pw@host``)."""
+    try:
+        return bool(urlsplit(url).password)
+    except ValueError:  # e.g. a bad port: not this check's business
+        return False
+
+
+class PrometheusSpec(Model):
+    """The Prometheus server the autoscaler reads load metrics from."""
+
+    url: str | None = None
+    """Base URL of the Prometheus HTTP API, e.g. ``http://prometheus.monitoring:9090``;
+    omitted: the operator's default."""
+    secret_ref: str | None = None
+    """Name of a Secret with a bearer ``token``, or ``username`` and ``password`` keys."""
+    insecure_skip_verify: bool = False
+    """Skip TLS certificate verification (test setups only)."""
+
+
+class QueriesSpec(Model):
+    """PromQL overrides for the autoscaler's inputs; omitted: the built-in queries over
+    keyshift's worker metrics."""
+
+    arrival_rate: str | None = None
+    """Records per second arriving at the job's input, over all key groups."""
+    lag: str | None = None
+    """Records not yet processed, over all key groups."""
+    processed_rate: str | None = None
+    """Records per second processed, per worker."""
+    busy_ratio: str | None = None
+    """Fraction of time each worker is busy processing (0..1)."""
+
+
+class AutoscalerSpec(Model):
+    """The autoscaler: parallelism from input rate, lag and worker capacity (DS2 style)."""
+
+    enabled: bool = False
+    """Whether the autoscaler runs; when false, ``parallelism`` is only set by hand."""
+    mode: Literal["scale", "recommend"] = "scale"
+    """``scale``: apply decisions; ``recommend``: only report them (status, Events, metrics)."""
+    min_parallelism: int = Field(default=1, ge=1)
+    """Lower bound of the parallelism the autoscaler chooses."""
+    max_parallelism: int | None = Field(default=None, ge=1)
+    """Upper bound of the parallelism the autoscaler chooses; omitted: ``keyGroups``."""
+    target_utilization: float = Field(default=0.7, gt=0, le=1)
+    """Busy ratio each worker should run at."""
+    utilization_boundary: float = Field(default=0.2, ge=0, lt=1)
+    """Dead band around the target: no decision while utilization stays within
+    ``targetUtilization +/- utilizationBoundary``."""
+    catch_up_seconds: float = Field(default=120.0, gt=0)
+    """Seconds within which the current lag should be worked off."""
+    metrics_window_seconds: float = Field(default=60.0, gt=0)
+    """Length of the metrics window a decision is based on."""
+    interval_seconds: float = Field(default=15.0, gt=0)
+    """Seconds between two evaluations."""
+    cooldown_seconds: float = Field(default=30.0, ge=0)
+    """No decision for this long after a rescale."""
+    scale_down_stabilization_seconds: float = Field(default=300.0, ge=0)
+    """Scale down only to the highest recommendation within this window."""
+    max_scale_up_factor: float | None = Field(default=None, gt=1)
+    """At most this factor more workers per decision; omitted: unbounded."""
+    max_scale_down_factor: float | None = Field(default=None, gt=0, lt=1)
+    """At most this factor fewer workers per decision (e.g. 0.5: halve at most);
+    omitted: unbounded."""
+    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec)
+    """Where the metrics come from."""
+    queries: QueriesSpec = Field(default_factory=QueriesSpec)
+    """PromQL overrides."""
+
+    @model_validator(mode="after")
+    def _check(self) -> AutoscalerSpec:
+        high = self.max_parallelism
+        if high is not None and self.min_parallelism > high:
+            raise ValueError(
+                f"autoscaler.minParallelism ({self.min_parallelism}) must not exceed "
+                f"autoscaler.maxParallelism ({high})"
+            )
+        return self
+
+
+class ResourceRequirements(Model):
+    """Compute resources of each worker container (Kubernetes ResourceRequirements)."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict)
+    """Minimum resources, e.g. ``{cpu: 500m, memory: 512Mi}``."""
+    limits: dict[str, Quantity] = Field(default_factory=dict)
+    """Maximum resources, e.g. ``{memory: 1Gi}``."""
+
+
+class EnvVar(Model):
+    """An environment variable of the worker container (Kubernetes EnvVar)."""
+
+    name: str = Field(min_length=1)
+    """The variable's name."""
+    value: str | None = None
+    """The value; omitted: ``valueFrom`` or empty."""
+    value_from: dict[str, Any] | None = None
+    """A Kubernetes EnvVarSource (``secretKeyRef``, ``configMapKeyRef``, ``fieldRef``, ...)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"env {self.name}: give value or valueFrom, not both")
+        return self
+
 
 class StreamJobSpec(Model):
-    job: str
-    """The job's ``module:attribute``."""
+    """A stateful stream job: its code, key groups, parallelism, input, output and store."""
+
+    job: str = Field(min_length=1)
+    """The job's ``module:attribute``. Immutable."""
     key_groups: int = Field(default=128, ge=1, le=65536)
+    """Number of key groups (input partitions), the unit of state ownership and the upper
+    bound of parallelism. Immutable."""
     parallelism: int = Field(default=1, ge=1)
+    """Number of workers (at most ``keyGroups``); ``kubectl scale`` sets it, and so does
+    the autoscaler when enabled."""
     source: GeneratorSource = Field(default_factory=GeneratorSource)
+    """Where records come from."""
     sink: Annotated[LogSink | NullSink, Field(discriminator="type")] = Field(
         default_factory=NullSink
     )
+    """Where outputs go (``type``: ``log`` or ``null``)."""
     state_store: StateStoreSpec = Field(default_factory=StateStoreSpec)
+    """The remote state store."""
     checkpoint_interval: Seconds = 1.0
+    """How often each key group commits its state and input position: a number of seconds
+    or a duration such as ``500ms``, ``2s``, ``1m`` (on Kubernetes, fractions of a second
+    need the string form)."""
     error_policy: Literal["fail", "skip"] = "fail"
+    """What a failing record does: ``fail`` the worker, or ``skip`` the record."""
     batch_size: int = Field(default=500, ge=1)
+    """Records fetched and processed per key group and batch."""
     failover_after: Seconds = 10.0
+    """A worker not ready for this long loses its key groups to the others: a number of
+    seconds or a duration such as ``3s`` or ``1m``."""
+    autoscaler: AutoscalerSpec = Field(default_factory=AutoscalerSpec)
+    """Automatic choice of ``parallelism``."""
+    image: str = Field(default="keyshift/keyshift:0.1.0", min_length=1)
+    """Container image of the workers; it must contain the job's code."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """The workers' image pull policy."""
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    """Compute resources of each worker."""
+    env: list[EnvVar] = Field(default_factory=list)
+    """Extra environment variables of the workers."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the worker pods must be scheduled on."""
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    """Kubernetes tolerations of the worker pods."""
+    pod_labels: dict[str, str] = Field(default_factory=dict)
+    """Extra labels of the worker pods."""
+    pod_annotations: dict[str, str] = Field(default_factory=dict)
+    """Extra annotations of the worker pods."""
+
+    @model_validator(mode="after")
+    def _check(self) -> StreamJobSpec:
+        groups = self.key_groups
+        if self.parallelism > groups:
+            raise ValueError(
+                f"parallelism ({self.parallelism}) must not exceed keyGroups ({groups}): "
+                "each worker owns at least one key group"
+            )
+        scaler = self.autoscaler
+        for name, value in [
+            ("minParallelism", scaler.min_parallelism),
+            ("maxParallelism", scaler.max_parallelism),
+        ]:
+            if value is not None and value > groups:
+                raise ValueError(
+                    f"autoscaler.{name} ({value}) must not exceed keyGroups ({groups})"
+                )
+        return self
 
 
 class Metadata(BaseModel):

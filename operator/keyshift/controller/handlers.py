@@ -1,0 +1,116 @@
+"""The kopf handlers of the operator: a thin layer over :mod:`keyshift.controller.k8s_job`.
+
+- create / update / resume: validate the spec (an invalid one is reported in
+  ``status.conditions`` and nothing is deployed) and apply the owned objects;
+- a daemon per StreamJob: the controller loop (rescales, failover, status,
+  drift correction), stopped by kopf when the job is deleted or the operator
+  exits or loses leadership;
+- delete: stop the workers gracefully (they commit), and delete the job's
+  state from the store only if the annotation ``keyshift.dev/delete-state:
+  "true"`` asks for it; otherwise the state stays for a later job of the
+  same name to resume from.
+
+``keyshift operator`` runs these through :func:`run_operator`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection
+from typing import Any
+
+import kopf
+
+from keyshift.controller.k8s_api import GROUP, PLURAL, VERSION, KubeApi, load_credentials
+from keyshift.controller.k8s_job import (
+    JobRunner,
+    apply_owned_objects,
+    delete_job_state,
+    stop_job,
+    validate_spec,
+)
+from keyshift.controller.k8s_objects import DELETE_STATE_ANNOTATION
+
+log = logging.getLogger("keyshift.operator")
+RESOURCE = (GROUP, VERSION, PLURAL)
+
+
+def _api(memo: Any) -> KubeApi:
+    api: KubeApi = memo.api
+    return api
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.finalizer = "keyshift.dev/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="keyshift.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="keyshift.dev", key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 60
+    settings.watching.client_timeout = 90
+    await asyncio.to_thread(load_credentials)
+    memo.api = KubeApi()
+
+
+@kopf.on.cleanup()
+async def close(memo: kopf.Memo, **_: Any) -> None:
+    if "api" in memo:
+        await _api(memo).close()
+
+
+@kopf.on.resume(*RESOURCE)
+@kopf.on.create(*RESOURCE)
+@kopf.on.update(*RESOURCE, field="spec")
+async def apply(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    raw = dict(body)
+    spec = validate_spec(raw.get("spec") or {})
+    if isinstance(spec, str):
+        return  # the daemon reports it in status; fixing the spec calls this again
+    for change in await apply_owned_objects(_api(memo), raw, spec):
+        kopf.info(body, reason="Reconciled", message=change)
+
+
+@kopf.daemon(*RESOURCE, cancellation_timeout=30.0)
+async def run_job(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    def post(kind: str, reason: str, message: str) -> None:
+        kopf.event(body, type=kind, reason=reason, message=message)
+
+    runner = JobRunner(_api(memo), body, post)  # type: ignore[arg-type]  # a live dict view
+    await runner.run(stopped)
+
+
+@kopf.on.delete(*RESOURCE)
+async def delete(
+    body: kopf.Body, name: str, namespace: str | None, annotations: kopf.Annotations,
+    memo: Any, **_: Any,
+) -> None:  # fmt: skip
+    namespace = namespace or "default"
+    api = _api(memo)
+    await stop_job(api, namespace, name)
+    if annotations.get(DELETE_STATE_ANNOTATION, "").lower() == "true":
+        deleted = await delete_job_state(api, namespace, name, dict(body.get("spec") or {}))
+        log.info("%s/%s: deleted %d state keys from the store", namespace, name, deleted)
+
+
+def run_operator(
+    *,
+    namespaces: Collection[str] = (),
+    clusterwide: bool = False,
+    standalone: bool = False,
+    peering: str | None = None,
+    priority: int = 0,
+    liveness: str | None = None,
+) -> None:
+    """Run the operator until it is stopped (SIGTERM/SIGINT): what ``keyshift operator`` does."""
+    kopf.configure(verbose=False)
+    kopf.run(
+        clusterwide=clusterwide,
+        namespaces=list(namespaces),
+        standalone=standalone,
+        peering_name=peering,
+        priority=priority,
+        liveness_endpoint=liveness,
+    )

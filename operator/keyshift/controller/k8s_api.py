@@ -1,0 +1,123 @@
+"""The few Kubernetes API calls the operator makes, as plain dicts, off the event loop.
+
+A thin layer over the official ``kubernetes`` client: each call runs in a
+thread (the client is synchronous) and returns the object as the API server
+sent it (camelCase dicts), so the pure modules never see client models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+
+GROUP = "keyshift.dev"
+VERSION = "v1alpha1"
+PLURAL = "streamjobs"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def load_credentials() -> None:
+    """In-cluster credentials when running in a pod, else the kubeconfig (``KUBECONFIG``)."""
+    try:
+        kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+
+
+class KubeApi:
+    def __init__(self, api_client: kubernetes.client.ApiClient | None = None) -> None:
+        self.client = api_client or kubernetes.client.ApiClient()
+        self.core = kubernetes.client.CoreV1Api(self.client)
+        self.apps = kubernetes.client.AppsV1Api(self.client)
+        self.policy = kubernetes.client.PolicyV1Api(self.client)
+        self.custom = kubernetes.client.CustomObjectsApi(self.client)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
+        result = await asyncio.to_thread(fn, *args, **kwargs)
+        out: Obj = self.client.sanitize_for_serialization(result)  # type: ignore[no-untyped-call]
+        return out
+
+    # -- owned objects: create, read, patch -------------------------------------
+
+    def _ops(self, kind: str) -> tuple[Callable[..., Any], ...]:
+        """(create, read, patch) of a kind the operator owns."""
+        table: dict[str, tuple[Callable[..., Any], ...]] = {
+            "ConfigMap": (
+                self.core.create_namespaced_config_map,
+                self.core.read_namespaced_config_map,
+                self.core.patch_namespaced_config_map,
+            ),
+            "Service": (
+                self.core.create_namespaced_service,
+                self.core.read_namespaced_service,
+                self.core.patch_namespaced_service,
+            ),
+            "StatefulSet": (
+                self.apps.create_namespaced_stateful_set,
+                self.apps.read_namespaced_stateful_set,
+                self.apps.patch_namespaced_stateful_set,
+            ),
+            "PodDisruptionBudget": (
+                self.policy.create_namespaced_pod_disruption_budget,
+                self.policy.read_namespaced_pod_disruption_budget,
+                self.policy.patch_namespaced_pod_disruption_budget,
+            ),
+        }
+        return table[kind]
+
+    async def read(self, kind: str, namespace: str, name: str) -> Obj | None:
+        _, read, _ = self._ops(kind)
+        try:
+            return await self._call(read, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def create(self, obj: Obj) -> Obj:
+        create, _, _ = self._ops(obj["kind"])
+        return await self._call(create, obj["metadata"]["namespace"], obj)
+
+    async def patch(self, kind: str, namespace: str, name: str, patch: Obj) -> Obj:
+        _, _, do_patch = self._ops(kind)
+        return await self._call(do_patch, name, namespace, patch, _content_type=MERGE_PATCH)
+
+    # -- pods and statefulsets ------------------------------------------------------
+
+    async def list_pods(self, namespace: str, selector: str) -> list[Obj]:
+        found = await self._call(self.core.list_namespaced_pod, namespace, label_selector=selector)
+        items: list[Obj] = found.get("items") or []
+        return items
+
+    async def scale_statefulset(self, namespace: str, name: str, replicas: int) -> None:
+        await self._call(
+            self.apps.patch_namespaced_stateful_set, name, namespace,
+            {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH,
+        )  # fmt: skip
+
+    async def read_secret_key(self, namespace: str, name: str, key: str) -> str:
+        secret = await self._call(self.core.read_namespaced_secret, name, namespace)
+        data = (secret.get("data") or {}).get(key)
+        if data is None:
+            raise KeyError(f"Secret {namespace}/{name} has no key {key!r}")
+        return base64.b64decode(data).decode()
+
+    # -- the StreamJob ------------------------------------------------------------------
+
+    async def patch_job_status(self, namespace: str, name: str, status: Obj) -> Obj:
+        return await self._call(
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status},
+            _content_type=MERGE_PATCH,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.client.close)

@@ -1,0 +1,259 @@
+"""One StreamJob's controller inside the operator (run by a kopf daemon per job).
+
+Every tick it validates the live spec, runs the shared
+:class:`~keyshift.controller.controller.Controller` (assignment, rescales,
+failover) over a :class:`KubernetesWorkerPool`, and every second writes
+``status``; every ``DRIFT_SECONDS`` it restores owned objects someone edited.
+The executor's record lives in ``status.controller``, so a restarted operator
+(or the next leader) resumes a rescale where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from keyshift.controller import operator_metrics as metrics
+from keyshift.controller.controller import Controller, ControllerSettings
+from keyshift.controller.k8s_api import KubeApi, Obj
+from keyshift.controller.k8s_objects import drift, label_selector, owned_objects
+from keyshift.controller.k8s_pool import KubernetesWorkerPool
+from keyshift.controller.k8s_status import (
+    invalid_status,
+    job_status,
+    record_from_status,
+    record_to_status,
+)
+from keyshift.controller.reconcile import Desired
+from keyshift.controller.records import ControllerRecord
+from keyshift.runtime.config import StreamJobSpec
+from keyshift.store import StateStore, StoreError, open_store
+
+log = logging.getLogger("keyshift.operator")
+
+TICK_SECONDS = 0.25
+STATUS_SECONDS = 1.0
+DRIFT_SECONDS = 10.0
+
+EventPoster = Callable[[str, str, str], None]
+"""``(type, reason, message)``: posts a Kubernetes Event on the StreamJob."""
+
+
+def validation_message(exc: ValidationError) -> str:
+    """One line per problem, naming the field as the manifest spells it."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        parts.append(f"spec.{where}: {err['msg']}" if where else err["msg"])
+    return "; ".join(parts)
+
+
+def validate_spec(raw: Mapping[str, Any]) -> StreamJobSpec | str:
+    """The parsed spec, or why it is invalid."""
+    try:
+        return StreamJobSpec.model_validate(dict(raw))
+    except ValidationError as exc:
+        return validation_message(exc)
+
+
+def event_reason(message: str) -> str:
+    return "Failover" if "(failover)" in message else "Rescale"
+
+
+class StatusRecordStore:
+    """The executor's record in ``status.controller``; saved before each step goes on."""
+
+    def __init__(self, api: KubeApi, namespace: str, name: str, record: ControllerRecord) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.record = record
+
+    def load(self) -> ControllerRecord:
+        return self.record
+
+    async def save(self, record: ControllerRecord) -> None:
+        self.record = record
+        await self.api.patch_job_status(
+            self.namespace, self.name, {"controller": record_to_status(record)}
+        )
+
+
+async def apply_owned_objects(api: KubeApi, body: Obj, spec: StreamJobSpec) -> list[str]:
+    """Create what is missing and restore what drifted; the names of what changed."""
+    namespace = body["metadata"].get("namespace", "default")
+    changed = []
+    for desired in owned_objects(body, spec, replicas=0):
+        kind, name = desired["kind"], desired["metadata"]["name"]
+        actual = await api.read(kind, namespace, name)
+        if actual is None:
+            await api.create(desired)
+            changed.append(f"created {kind} {name}")
+            continue
+        patch = drift(desired, actual)
+        if patch is not None:
+            await api.patch(kind, namespace, name, patch)
+            changed.append(f"restored {kind} {name} ({', '.join(sorted(patch))})")
+    return changed
+
+
+async def open_job_store(api: KubeApi, namespace: str, spec: StreamJobSpec) -> StateStore:
+    url = spec.state_store.url
+    if not url:
+        raise ValueError("spec.stateStore.url is required on Kubernetes")
+    password = None
+    if spec.state_store.secret_ref:
+        password = await api.read_secret_key(namespace, spec.state_store.secret_ref, "password")
+    return open_store(url, password=password)
+
+
+class JobRunner:
+    def __init__(self, api: KubeApi, body: Obj, post_event: EventPoster) -> None:
+        self.api = api
+        self.body = body
+        """The live body: kopf keeps it up to date while the daemon runs."""
+        self.post_event = post_event
+        meta = body["metadata"]
+        self.name: str = meta["name"]
+        self.namespace: str = meta.get("namespace", "default")
+        self.pool = KubernetesWorkerPool(api, self.namespace, self.name)
+        self.store: StateStore | None = None
+        self.controller: Controller | None = None
+        self.key_groups = 0
+        self.invalid: str | None = None
+        self.error: str | None = None
+        self._last_status: Obj | None = None
+        self._last_status_at = 0.0
+        self._last_drift_at = 0.0
+        self._history_seen = 0
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def run(self, stopped: Any) -> None:
+        try:
+            while not stopped:
+                try:
+                    await self.tick()
+                    self.error = None
+                except (StoreError, ApiException, OSError, ValueError, KeyError) as exc:
+                    self._fail(f"{type(exc).__name__}: {exc}")
+                await stopped.wait(TICK_SECONDS)
+        finally:
+            if self.store is not None:
+                await self.store.close()
+
+    def _fail(self, message: str) -> None:
+        metrics.RECONCILE_ERRORS.labels(self.namespace, self.name).inc()
+        if message != self.error:
+            log.warning("%s/%s: %s", self.namespace, self.name, message)
+            self.post_event("Warning", "ReconcileError", message)
+        self.error = message
+
+    async def tick(self) -> None:
+        spec = validate_spec(self.body.get("spec") or {})
+        if isinstance(spec, str):
+            await self._report_invalid(spec)
+            return
+        self.invalid = None
+        now = time.time()
+        if now - self._last_drift_at >= DRIFT_SECONDS:
+            self._last_drift_at = now
+            for change in await apply_owned_objects(self.api, dict(self.body), spec):
+                self.post_event("Normal", "Reconciled", change)
+        controller = await self._controller(spec)
+        await controller.tick()
+        self._count_finished(controller.executor.record)
+        if now - self._last_status_at >= STATUS_SECONDS:
+            self._last_status_at = now
+            await self.write_status(controller)
+
+    async def _controller(self, spec: StreamJobSpec) -> Controller:
+        if self.controller is not None:
+            if spec.key_groups != self.key_groups:
+                raise ValueError("keyGroups cannot change for a running job")
+            return self.controller
+        self.store = await open_job_store(self.api, self.namespace, spec)
+        info = await self.store.init_job(self.name, spec.key_groups)
+        self.key_groups = info.key_groups
+        record = record_from_status(self.body.get("status"), self.name)
+        self._history_seen = len(record.history)
+        self.controller = Controller(
+            self.name, info.key_groups, self.store, self.pool,
+            StatusRecordStore(self.api, self.namespace, self.name, record),
+            desired=self.desired,
+            settings=ControllerSettings(failover_after=spec.failover_after),
+            on_event=lambda kind, message: self.post_event(kind, event_reason(message), message),
+        )  # fmt: skip
+        return self.controller
+
+    def desired(self) -> Desired:
+        return Desired(int((self.body.get("spec") or {}).get("parallelism") or 1), "manual")
+
+    def _count_finished(self, record: ControllerRecord) -> None:
+        finished = record.history[self._history_seen :] if self._history_seen else record.history
+        if len(record.history) < self._history_seen:  # the history was trimmed
+            finished = record.history[-1:]
+        for r in finished:
+            if r.duration_seconds is not None:
+                metrics.RESCALE_DURATION.labels(
+                    self.namespace, self.name, r.reason, r.outcome or "unknown"
+                ).observe(r.duration_seconds)
+        self._history_seen = len(record.history)
+
+    # -- status -------------------------------------------------------------------------
+
+    async def write_status(self, controller: Controller) -> None:
+        workers = await self.pool.workers()
+        previous = (self.body.get("status") or {}).get("conditions") or []
+        status = job_status(
+            assignment=controller.assignment,
+            workers=workers,
+            record=controller.executor.record,
+            selector=label_selector(self.name),
+            previous_conditions=previous,
+            observed_generation=self.body["metadata"].get("generation"),
+            error=self.error,
+            at=time.time(),
+        )
+        metrics.PARALLELISM.labels(self.namespace, self.name).set(status["parallelism"])
+        if status != self._last_status:
+            await self.api.patch_job_status(self.namespace, self.name, status)
+            self._last_status = status
+
+    async def _report_invalid(self, message: str) -> None:
+        if message == self.invalid:
+            return
+        self.invalid = message
+        self.post_event("Warning", "InvalidSpec", message)
+        previous = (self.body.get("status") or {}).get("conditions") or []
+        observed = self.body["metadata"].get("generation")
+        await self.api.patch_job_status(
+            self.namespace, self.name, invalid_status(message, previous, observed, time.time())
+        )
+        self._last_status = None
+
+
+async def stop_job(api: KubeApi, namespace: str, name: str) -> None:
+    """Stop every worker of a job gracefully (they commit before exiting)."""
+    pool = KubernetesWorkerPool(api, namespace, name)
+    replicas = await pool.replicas()
+    if replicas:
+        await pool.stop(range(replicas))
+
+
+async def delete_job_state(api: KubeApi, namespace: str, name: str, raw_spec: Obj) -> int:
+    spec = validate_spec(raw_spec)
+    if isinstance(spec, str):
+        raise ValueError(f"cannot delete the state of a job with an invalid spec: {spec}")
+    store = await open_job_store(api, namespace, spec)
+    try:
+        return await store.delete_job(name)
+    finally:
+        with contextlib.suppress(StoreError):
+            await store.close()

@@ -1,0 +1,145 @@
+"""The StreamJob's ``status``, as a pure function of what the controller knows.
+
+Phases: ``Pending`` (no assignment published yet), ``Running``, ``Rescaling``,
+``Degraded`` (a worker of the assignment is not ready), ``Failed`` (the spec
+is invalid: the ``InvalidSpec`` condition says why). Conditions follow the
+Kubernetes convention: ``lastTransitionTime`` changes only when ``status``
+does.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from keyshift.controller.assignment import describe_ranges, key_groups_of
+from keyshift.controller.pool import WorkerInfo
+from keyshift.controller.records import ControllerRecord
+from keyshift.controller.status import rescale_summary
+from keyshift.store.protocol import Assignment
+
+Obj = dict[str, Any]
+HISTORY_IN_STATUS = 10
+"""Finished rescales shown in ``status.rescales`` (the record keeps more)."""
+
+
+def timestamp(at: float) -> str:
+    return datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(
+    previous: Sequence[Obj], kind: str, true: bool, reason: str, message: str, at: float
+) -> Obj:
+    """A condition; keeps the previous ``lastTransitionTime`` if the status did not change."""
+    status = "True" if true else "False"
+    before = next((c for c in previous if c.get("type") == kind), None)
+    since = before.get("lastTransitionTime") if before and before.get("status") == status else None
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since or timestamp(at),
+    }
+
+
+def invalid_status(message: str, previous: Sequence[Obj], observed: int | None, at: float) -> Obj:
+    return {
+        "phase": "Failed",
+        "observedGeneration": observed,
+        "conditions": [
+            condition(previous, "InvalidSpec", True, "InvalidSpec", message, at),
+            condition(previous, "Ready", False, "InvalidSpec", "the spec is invalid", at),
+        ],
+    }
+
+
+def job_status(
+    *,
+    assignment: Assignment | None,
+    workers: Mapping[int, WorkerInfo],
+    record: ControllerRecord,
+    selector: str,
+    previous_conditions: Sequence[Obj],
+    observed_generation: int | None,
+    error: str | None,
+    at: float,
+) -> Obj:
+    owners = assignment.owners if assignment is not None else ()
+    parallelism = 0 if assignment is None else assignment.parallelism
+    current = record.current
+    history = record.history
+    not_ready = sorted(w for w in range(parallelism) if not (w in workers and workers[w].ready))
+    if assignment is None:
+        phase = "Pending"
+    elif current is not None:
+        phase = "Rescaling"
+    elif not_ready:
+        phase = "Degraded"
+    else:
+        phase = "Running"
+    last = history[-1] if history else None
+    degraded_msg = "every worker is ready"
+    if not_ready:
+        details = [f"worker {w}: {workers[w].detail}" for w in not_ready
+                   if w in workers and workers[w].detail]  # fmt: skip
+        degraded_msg = f"workers {not_ready} are not ready" + (
+            f" ({'; '.join(details)[:1000]})" if details else ""
+        )
+    if error:
+        degraded_msg = f"{degraded_msg}; {error}"
+    rescaling_msg = (
+        f"{current.from_parallelism} -> {current.to_parallelism} ({current.reason}), "
+        f"phase {current.phase}"
+        if current is not None
+        else "no rescale in progress"
+    )
+    conditions = [
+        condition(previous_conditions, "Ready", phase == "Running", phase,
+                  f"{parallelism} workers run generation "
+                  f"{0 if assignment is None else assignment.generation}", at),
+        condition(previous_conditions, "Rescaling", current is not None,
+                  "Rescaling" if current is not None else "Idle", rescaling_msg, at),
+        condition(previous_conditions, "Degraded", bool(not_ready) or bool(error),
+                  "WorkersNotReady" if not_ready else ("Error" if error else "AllReady"),
+                  degraded_msg, at),
+        condition(previous_conditions, "InvalidSpec", False, "Valid", "the spec is valid", at),
+    ]  # fmt: skip
+    return {
+        "phase": phase,
+        "observedGeneration": observed_generation,
+        "parallelism": parallelism,
+        "generation": 0 if assignment is None else assignment.generation,
+        "selector": selector,
+        "conditions": conditions,
+        "workers": [
+            {
+                "ordinal": o,
+                "name": w.name,
+                "ready": w.ready,
+                "keyRanges": describe_ranges(key_groups_of(owners, o)),
+                "keyGroups": len(key_groups_of(owners, o)),
+                "detail": w.detail,
+            }
+            for o, w in sorted(workers.items())
+        ],
+        "rescale": None if current is None else rescale_summary(current),
+        "rescales": [rescale_summary(r) for r in history[-HISTORY_IN_STATUS:]],
+        "lastRescalePauseSeconds": None if last is None else last.max_pause_seconds,
+    }
+
+
+def record_to_status(record: ControllerRecord) -> Obj:
+    """The executor's persistent record, as stored in ``status.controller``."""
+    out: Obj = msgspec.to_builtins(record)
+    return out
+
+
+def record_from_status(status: Mapping[str, Any] | None, job: str) -> ControllerRecord:
+    raw = (status or {}).get("controller")
+    if not raw:
+        return ControllerRecord(job=job)
+    return msgspec.convert(raw, type=ControllerRecord)
