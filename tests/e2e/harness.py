@@ -119,6 +119,10 @@ class Cluster:
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
         return self._kubectl(*args, input=input, check=check).stdout
 
+    def run_kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """kubectl whose failure is the caller's to check."""
+        return self._kubectl(*args, input=input, check=False)
+
     def get(self, kind: str, name: str) -> Obj | None:
         proc = self._kubectl("get", kind, name, "-n", self.namespace, "-o", "json", check=False)
         if proc.returncode != 0:

@@ -76,7 +76,9 @@ namespace, or all namespaces):
   conditions ``PodScheduled``, ``Initialized``, ``ContainersReady``, ``Ready`` (a
   ``lastTransitionTime`` changes only on a transition), ``containerStatuses`` with
   ``ready``, ``started``, ``restartCount``, ``state`` (waiting/running/terminated with
-  ``exitCode``, 128+signal for a signal) and ``lastState``;
+  ``exitCode``, 128+signal for a signal, and the ``message`` the process left in the file
+  named by ``KEYSHIFT_TERMINATION_LOG``, the stand-in for ``terminationMessagePath``) and
+  ``lastState``;
 * ``restartPolicy: Always`` whatever the spec says: an exited process is restarted after
   a back-off (1 s, doubling, capped at ``BACKOFF_CAP``; reset after 10 s of running); the
   Pod is NotReady meanwhile, its container ``terminated``;
@@ -366,9 +368,12 @@ class _Pod:
         if PYTHON.match(Path(argv[0]).name):
             argv[0] = sys.executable
         process_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+        self.termination_log = self.dir / "termination-log"
+        self.termination_log.unlink(missing_ok=True)
         process_env.update(
-            HOSTNAME=self.key[1], KEYSHIFT_HTTP_HOST=LOCAL_IP, KEYSHIFT_HTTP_PORT=str(self.port)
-        )
+            HOSTNAME=self.key[1], KEYSHIFT_HTTP_HOST=LOCAL_IP, KEYSHIFT_HTTP_PORT=str(self.port),
+            KEYSHIFT_TERMINATION_LOG=str(self.termination_log),
+        )  # fmt: skip
         self.proc = self._spawn(argv, process_env)
         self.started_at = time.monotonic()
         self.starts += 1
@@ -409,6 +414,10 @@ class _Pod:
         }
         if code < 0:
             terminated["signal"] = -code
+        with contextlib.suppress(OSError):
+            message = self.termination_log.read_text(errors="replace").strip()
+            if message:
+                terminated["message"] = message[:4096]
         self.state = {"terminated": terminated}
         self.last_exit = terminated
         self.proc = None

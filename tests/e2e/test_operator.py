@@ -238,3 +238,71 @@ async def test_apply_scale_failover_restart_delete(
                  lambda: cluster.get("streamjob", name) is None
                  and not cluster.list("pods", f"keyshift.dev/job={name}"), 60)  # fmt: skip
     assert await store.job_info(name) is not None
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
+
+
+async def test_invalid_specs_are_reported_and_nothing_is_lost(cluster: Cluster) -> None:
+    name = f"e2e-{secrets.token_hex(3)}"
+    too_wide = manifest(name, cluster, parallelism=KEY_GROUPS + 8)
+    applied = cluster.run_kubectl("apply", "--validate=false", "-f", "-", input=too_wide)
+    expected = f"parallelism ({KEY_GROUPS + 8}) must not exceed keyGroups ({KEY_GROUPS})"
+    if applied.returncode != 0:  # a real API server evaluates the CRD's CEL rule
+        assert expected in applied.stderr
+    else:  # the emulator does not: the operator reports it, and deploys nothing
+        status = cluster.wait(
+            "InvalidSpec in status",
+            lambda: (s := job_status(cluster, name)).get("phase") == "Failed" and s,
+            30,
+        )
+        invalid = condition(status, "InvalidSpec")
+        assert invalid["status"] == "True" and expected in invalid["message"]
+        assert cluster.get("statefulset", f"{name}-worker") is None
+    # fixed, it runs
+    cluster.kubectl("apply", "--validate=false", "-f", "-", input=manifest(name, cluster, 1))
+    status = settled_at(cluster, name, 1, rescales=1)
+    assert condition(status, "InvalidSpec")["status"] == "False"
+
+    # an entry point the image does not have: the workers say why, in the job's status
+    broken = f"e2e-{secrets.token_hex(3)}"
+    cluster.kubectl(
+        "apply", "--validate=false", "-f", "-",
+        input=manifest(broken, cluster, 1, job="examples.nope:job"),
+    )  # fmt: skip
+
+    def reported() -> str | None:
+        message = str(condition(job_status(cluster, broken), "Degraded").get("message", ""))
+        return message if "cannot be loaded" in message else None
+
+    message = cluster.wait("the broken entry point in status", reported, 60)
+    assert "examples.nope:job" in message and "No module named 'examples.nope'" in message
+
+
+async def test_drift_is_corrected_and_delete_can_take_the_state(
+    cluster: Cluster, store: RedisStateStore
+) -> None:
+    name = f"e2e-{secrets.token_hex(3)}"
+    cluster.kubectl("apply", "--validate=false", "-f", "-", input=manifest(name, cluster, 1))
+    settled_at(cluster, name, 1, rescales=1)
+
+    # someone edits the StatefulSet the operator owns: the operator puts it back
+    sts_name = f"{name}-worker"
+    edit = '{"spec":{"template":{"spec":{"automountServiceAccountToken":true}}}}'
+    cluster.kubectl("patch", "statefulset", sts_name, "--type=merge", "-p", edit)
+
+    def restored() -> bool:
+        sts = cluster.get("statefulset", sts_name) or {}
+        return sts["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+    cluster.wait("the StatefulSet restored", restored, 30)
+    assert (cluster.get("statefulset", sts_name) or {})["spec"]["replicas"] == 1
+
+    # deleting with the annotation deletes the job's state from the store too
+    assert await store.job_info(name) is not None
+    cluster.kubectl("annotate", "streamjob", name, "keyshift.dev/delete-state=true")
+    cluster.kubectl("delete", "streamjob", name, "--wait=false")
+    cluster.wait("the job to go", lambda: cluster.get("streamjob", name) is None, 60)
+    assert await store.job_info(name) is None
+    assert await store.get_assignment(name) is None

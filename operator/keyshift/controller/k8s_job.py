@@ -39,7 +39,7 @@ log = logging.getLogger("keyshift.operator")
 
 TICK_SECONDS = 0.25
 STATUS_SECONDS = 1.0
-DRIFT_SECONDS = 10.0
+DRIFT_SECONDS = 5.0
 
 EventPoster = Callable[[str, str, str], None]
 """``(type, reason, message)``: posts a Kubernetes Event on the StreamJob."""
@@ -93,9 +93,16 @@ async def apply_owned_objects(api: KubeApi, body: Obj, spec: StreamJobSpec) -> l
         kind, name = desired["kind"], desired["metadata"]["name"]
         actual = await api.read(kind, namespace, name)
         if actual is None:
-            await api.create(desired)
-            changed.append(f"created {kind} {name}")
-            continue
+            try:
+                await api.create(desired)
+                changed.append(f"created {kind} {name}")
+                continue
+            except ApiException as exc:
+                if exc.status != 409:  # 409: created meanwhile (the daemon and a handler race)
+                    raise
+                actual = await api.read(kind, namespace, name)
+                if actual is None:
+                    raise
         patch = drift(desired, actual)
         if patch is not None:
             await api.patch(kind, namespace, name, patch)

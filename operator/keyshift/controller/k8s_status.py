@@ -46,6 +46,16 @@ def condition(
     }
 
 
+STUCK_SECONDS = 10.0
+"""A worker outside the assignment (starting for a rescale) that is not ready for this
+long counts as degraded too: e.g. an entry point that cannot be loaded."""
+
+
+def _stuck(info: WorkerInfo, at: float) -> bool:
+    since = info.not_ready_since
+    return not info.ready and since is not None and at - since >= STUCK_SECONDS
+
+
 def invalid_status(message: str, previous: Sequence[Obj], observed: int | None, at: float) -> Obj:
     return {
         "phase": "Failed",
@@ -72,7 +82,10 @@ def job_status(
     parallelism = 0 if assignment is None else assignment.parallelism
     current = record.current
     history = record.history
-    not_ready = sorted(w for w in range(parallelism) if not (w in workers and workers[w].ready))
+    not_ready = sorted(
+        {w for w in range(parallelism) if not (w in workers and workers[w].ready)}
+        | {w for w, info in workers.items() if _stuck(info, at)}
+    )
     if assignment is None:
         phase = "Pending"
     elif current is not None:
