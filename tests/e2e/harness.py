@@ -47,16 +47,23 @@ def real_cluster_settings() -> dict[str, str] | None:
 class OperatorProcess:
     """``keyshift operator`` as a subprocess against the emulator; stopped by its PID."""
 
-    def __init__(self, kubeconfig: Path, log: Path, namespace: str = "default") -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log: Path,
+        namespace: str = "default",
+        options: tuple[str, ...] = ("--standalone",),
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.log = log
         self.namespace = namespace
+        self.options = options
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self, **extra_env: str) -> OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **extra_env}
         cmd = [sys.executable, "-m", "keyshift.controller.cli", "operator",
-               "--namespace", self.namespace, "--standalone"]  # fmt: skip
+               "--namespace", self.namespace, *self.options]  # fmt: skip
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
                 cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -102,6 +109,7 @@ class Cluster:
         kill_worker: Callable[[str, float], None],
         crash_operator_during: Callable[[Callable[[], None]], None],
         diagnostics: Callable[[], str],
+        operator_metrics: Callable[[], str] | None = None,
         namespace: str = "default",
     ) -> None:
         self._kubectl = kubectl
@@ -114,6 +122,8 @@ class Cluster:
         """``crash_operator_during(start_rescale)``: the operator dies in the middle of the
         rescale that ``start_rescale`` asks for, and a new one is started."""
         self.diagnostics = diagnostics
+        self.operator_metrics = operator_metrics
+        """The operator's /metrics text, where the test can reach it (None: it cannot)."""
         self.namespace = namespace
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:

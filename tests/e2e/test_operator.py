@@ -13,12 +13,14 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from keyshift.controller.assignment import plan_assignment
 from keyshift.store import Assignment, RedisStateStore, open_store
-from keyshift.store.server import LocalServer
+from keyshift.store.server import LocalServer, free_port
 from tests.e2e.harness import Cluster, OperatorProcess, real_cluster_settings
 from tests.e2e.kubelet import PodRunner
 from tests.k8s.emulator import KubernetesEmulator
@@ -50,7 +52,9 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]
     runner: PodRunner = request.getfixturevalue("pod_runner")
     server: LocalServer = request.getfixturevalue("standalone_server")
     k8s.kubectl("apply", "--validate=false", "-f", str(REPO / "crds" / "streamjob.yaml"))
-    operator = OperatorProcess(k8s.kubeconfig, tmp_path / "operator.log").start()
+    metrics_port = free_port()
+    options = ("--standalone", "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port))
+    operator = OperatorProcess(k8s.kubeconfig, tmp_path / "operator.log", options=options).start()
 
     def crash_operator_during(start_rescale: Callable[[], None]) -> None:
         # the crash point kills the operator right after it publishes the new assignment
@@ -72,6 +76,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]
             kill_worker=lambda pod, hold: _discard(runner.kill(pod, hold=hold)),
             crash_operator_during=crash_operator_during,
             diagnostics=diagnostics,
+            operator_metrics=lambda: httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text,
         )
     finally:
         operator.stop()
@@ -166,6 +171,16 @@ async def assert_sound(store: RedisStateStore, name: str, parallelism: int) -> A
     return assignment
 
 
+def metric(text: str, name: str, job: str) -> float:
+    """The sum of a metric's samples for one job in Prometheus text format."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("job") == job:
+                total += sample.value
+    return total
+
+
 def event_reasons(cluster: Cluster, name: str) -> list[str]:
     events = cluster.list("events")
     return [e.get("reason", "") for e in events
@@ -189,6 +204,9 @@ async def test_apply_scale_failover_restart_delete(
                            ("pdb", f"{name}-workers")):  # fmt: skip
         assert cluster.get(kind, obj_name) is not None, (kind, obj_name)
     await assert_sound(store, name, 2)
+
+    if cluster.operator_metrics is not None:
+        assert metric(cluster.operator_metrics(), "keyshift_job_parallelism", name) == 2.0
 
     # kubectl scale: 2 -> 4 -> 3, through the scale subresource
     for before, parallelism in ((2, 4), (4, 3)):
@@ -231,6 +249,9 @@ async def test_apply_scale_failover_restart_delete(
     await wait_for(lambda: all_done(store, name, KEY_GROUPS, LIMIT), 90, "every record")
     await assert_exact_counter_state(store, name, SOURCE, KEY_GROUPS, LIMIT)
     assert "Rescale" in event_reasons(cluster, name)
+    if cluster.operator_metrics is not None:  # rescales since the operator's last restart
+        text = cluster.operator_metrics()
+        assert metric(text, "keyshift_rescale_duration_seconds_count", name) >= 1
 
     # delete: the workers stop, the state stays in the store
     cluster.kubectl("delete", "streamjob", name, "--wait=false")

@@ -192,3 +192,16 @@ def test_status_phases_and_conditions() -> None:
     # a condition that did not change keeps its transition time; one that did gets a new one
     assert conds2["Rescaling"]["lastTransitionTime"] == conds["Rescaling"]["lastTransitionTime"]
     assert conds2["Ready"]["lastTransitionTime"] != conds["Ready"]["lastTransitionTime"]
+
+
+def test_the_kubernetes_examples_are_valid_and_render() -> None:
+    from tests.support import REPO
+
+    examples = sorted((REPO / "examples" / "kubernetes").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        doc = yaml.safe_load(path.read_text())
+        job = StreamJob.model_validate(doc)
+        doc["metadata"].update(namespace="default", uid="u-2")
+        objs = owned_objects(doc, job.spec, replicas=0)
+        assert objs[-1]["spec"]["template"]["spec"]["containers"][0]["image"] == job.spec.image

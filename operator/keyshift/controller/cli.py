@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--standalone", action="store_true", help="no leader election (one replica)")
     op.add_argument("--peering", help="kopf peering object for leader election (default: default)")
     op.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    op.add_argument("--peering-lifetime", type=int, default=60,
+                    help="seconds a silent peer counts as alive (takeover delay)")  # fmt: skip
     op.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
     op.add_argument("--metrics-port", type=int, help="serve the operator's /metrics here")
     op.add_argument("--metrics-host", default="0.0.0.0")
@@ -97,7 +99,7 @@ def _operator(args: argparse.Namespace) -> int:
     run_operator(
         namespaces=args.namespace, clusterwide=args.all_namespaces,
         standalone=args.standalone, peering=args.peering, priority=args.priority,
-        liveness=args.liveness,
+        liveness=args.liveness, peering_lifetime=args.peering_lifetime,
     )  # fmt: skip
     return 0
 

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import Collection
 from typing import Any
@@ -30,7 +31,12 @@ from keyshift.controller.k8s_job import (
     stop_job,
     validate_spec,
 )
-from keyshift.controller.k8s_objects import DELETE_STATE_ANNOTATION
+from keyshift.controller.k8s_objects import (
+    APP_LABEL,
+    DELETE_STATE_ANNOTATION,
+    JOB_LABEL,
+    WORKER_APP,
+)
 
 log = logging.getLogger("keyshift.operator")
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -51,6 +57,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 60
     settings.watching.client_timeout = 90
+    settings.peering.lifetime = int(memo.get("peering_lifetime", 60))
+    settings.peering.mandatory = bool(memo.get("peering_mandatory", False))
     await asyncio.to_thread(load_credentials)
     memo.api = KubeApi()
 
@@ -73,12 +81,52 @@ async def apply(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         kopf.info(body, reason="Reconciled", message=change)
 
 
+WORKERS = {APP_LABEL: WORKER_APP}
+
+
+@kopf.index("pods", labels=WORKERS)
+def worker_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
+    """The workers' pods by ``(namespace, job)``: a watch cache, so ticks cost no requests."""
+    return {(namespace, labels.get(JOB_LABEL)): copy.deepcopy(dict(body))}
+
+
+@kopf.index("apps", "v1", "statefulsets", labels=WORKERS)
+def worker_statefulsets(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+) -> Any:
+    return {(namespace, labels.get(JOB_LABEL)): copy.deepcopy(dict(body))}
+
+
+class IndexedWorkerView:
+    """A job's StatefulSet and pods as kopf's indexes hold them."""
+
+    def __init__(self, pods: kopf.Index[Any, Any], sets: kopf.Index[Any, Any], key: Any) -> None:
+        self._pods = pods
+        self._sets = sets
+        self._key = key
+
+    async def statefulset(self) -> dict[str, Any] | None:
+        found = list(self._sets.get(self._key, []))
+        return found[-1] if found else None
+
+    async def pods(self) -> list[dict[str, Any]]:
+        return list(self._pods.get(self._key, []))
+
+
 @kopf.daemon(*RESOURCE, cancellation_timeout=30.0)
-async def run_job(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
+async def run_job(
+    body: kopf.Body, name: str, namespace: str | None, memo: Any, stopped: kopf.DaemonStopped,
+    **indexes: Any,
+) -> None:  # fmt: skip
+    """The job's controller loop; ``indexes`` holds ``worker_pods`` and ``worker_statefulsets``."""
+
     def post(kind: str, reason: str, message: str) -> None:
         kopf.event(body, type=kind, reason=reason, message=message)
 
-    runner = JobRunner(_api(memo), body, post)  # type: ignore[arg-type]  # a live dict view
+    view = IndexedWorkerView(
+        indexes["worker_pods"], indexes["worker_statefulsets"], (namespace, name)
+    )
+    runner = JobRunner(_api(memo), body, post, view)  # type: ignore[arg-type]  # a live view
     await runner.run(stopped)
 
 
@@ -103,9 +151,10 @@ def run_operator(
     peering: str | None = None,
     priority: int = 0,
     liveness: str | None = None,
+    peering_lifetime: int = 60,
 ) -> None:
     """Run the operator until it is stopped (SIGTERM/SIGINT): what ``keyshift operator`` does."""
-    kopf.configure(verbose=False)
+    kopf.configure(verbose=False, log_prefix=True)
     kopf.run(
         clusterwide=clusterwide,
         namespaces=list(namespaces),
@@ -113,4 +162,7 @@ def run_operator(
         peering_name=peering,
         priority=priority,
         liveness_endpoint=liveness,
+        # with peering asked for by name, its object must exist: no silent fallback to
+        # standalone (which would make two replicas both active)
+        memo=kopf.Memo(peering_lifetime=peering_lifetime, peering_mandatory=peering is not None),
     )

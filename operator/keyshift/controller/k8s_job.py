@@ -23,7 +23,7 @@ from keyshift.controller import operator_metrics as metrics
 from keyshift.controller.controller import Controller, ControllerSettings
 from keyshift.controller.k8s_api import KubeApi, Obj
 from keyshift.controller.k8s_objects import drift, label_selector, owned_objects
-from keyshift.controller.k8s_pool import KubernetesWorkerPool
+from keyshift.controller.k8s_pool import KubernetesWorkerPool, WorkerView
 from keyshift.controller.k8s_status import (
     invalid_status,
     job_status,
@@ -121,7 +121,9 @@ async def open_job_store(api: KubeApi, namespace: str, spec: StreamJobSpec) -> S
 
 
 class JobRunner:
-    def __init__(self, api: KubeApi, body: Obj, post_event: EventPoster) -> None:
+    def __init__(
+        self, api: KubeApi, body: Obj, post_event: EventPoster, view: WorkerView | None = None
+    ) -> None:
         self.api = api
         self.body = body
         """The live body: kopf keeps it up to date while the daemon runs."""
@@ -129,7 +131,7 @@ class JobRunner:
         meta = body["metadata"]
         self.name: str = meta["name"]
         self.namespace: str = meta.get("namespace", "default")
-        self.pool = KubernetesWorkerPool(api, self.namespace, self.name)
+        self.pool = KubernetesWorkerPool(api, self.namespace, self.name, view)
         self.store: StateStore | None = None
         self.controller: Controller | None = None
         self.key_groups = 0

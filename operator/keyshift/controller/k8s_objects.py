@@ -27,6 +27,7 @@ Obj = dict[str, Any]
 
 APP_LABEL: Final = "app.kubernetes.io/name"
 JOB_LABEL: Final = "keyshift.dev/job"
+WORKER_APP: Final = "keyshift-worker"
 POD_INDEX_LABEL: Final = "apps.kubernetes.io/pod-index"
 CONFIG_HASH: Final = "keyshift.dev/config-hash"
 DELETE_STATE_ANNOTATION: Final = "keyshift.dev/delete-state"
@@ -51,7 +52,7 @@ def configmap_name(job: str) -> str:
 
 
 def selector_labels(job: str) -> dict[str, str]:
-    return {APP_LABEL: "keyshift-worker", JOB_LABEL: job}
+    return {APP_LABEL: WORKER_APP, JOB_LABEL: job}
 
 
 def label_selector(job: str) -> str:

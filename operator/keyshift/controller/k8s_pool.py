@@ -14,7 +14,7 @@ import asyncio
 import datetime
 import time
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Any, Protocol
 
 from keyshift.controller.k8s_api import KubeApi, Obj
 from keyshift.controller.k8s_objects import (
@@ -99,20 +99,55 @@ def worker_info(ordinal: int, job: str, pod: Obj | None, missing_since: float | 
     )
 
 
+class WorkerView(Protocol):
+    """Where the pool reads the job's StatefulSet and pods: the operator's watch caches
+    (kopf indexes, no API request per tick), or the API itself."""
+
+    async def statefulset(self) -> Obj | None: ...
+    async def pods(self) -> list[Obj]: ...
+
+
+class ApiWorkerView:
+    """Reads straight from the API (each call is a request): for one-off uses."""
+
+    def __init__(self, api: KubeApi, namespace: str, job: str) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.job = job
+
+    async def statefulset(self) -> Obj | None:
+        return await self.api.read("StatefulSet", self.namespace, statefulset_name(self.job))
+
+    async def pods(self) -> list[Obj]:
+        return await self.api.list_pods(self.namespace, label_selector(self.job))
+
+
 class KubernetesWorkerPool:
     def __init__(
-        self, api: KubeApi, namespace: str, job: str, *, clock: Callable[[], float] = time.time
+        self,
+        api: KubeApi,
+        namespace: str,
+        job: str,
+        view: WorkerView | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.api = api
         self.namespace = namespace
         self.job = job
         self.name = statefulset_name(job)
+        self.view = view or ApiWorkerView(api, namespace, job)
         self.clock = clock
         self._missing_since: dict[int, float] = {}
 
     async def replicas(self) -> int:
-        sts = await self.api.read("StatefulSet", self.namespace, self.name)
+        """``spec.replicas`` as the view sees it (a watch cache may lag a write by a moment:
+        scaling again to the same count is harmless)."""
+        sts = await self.view.statefulset()
         return 0 if sts is None else int(sts["spec"].get("replicas") or 0)
+
+    async def _scale(self, replicas: int) -> None:
+        await self.api.scale_statefulset(self.namespace, self.name, replicas)
 
     async def start(self, ordinals: Collection[int]) -> None:
         if not ordinals:
@@ -120,7 +155,7 @@ class KubernetesWorkerPool:
         current = await self.replicas()
         wanted = max(current, max(ordinals) + 1)
         if wanted != current:
-            await self.api.scale_statefulset(self.namespace, self.name, wanted)
+            await self._scale(wanted)
 
     async def stop(self, ordinals: Collection[int]) -> None:
         """Lower ``replicas`` below the lowest of ``ordinals``; wait until their pods are gone."""
@@ -129,11 +164,11 @@ class KubernetesWorkerPool:
         current = await self.replicas()
         wanted = min(current, min(ordinals))
         if wanted != current:
-            await self.api.scale_statefulset(self.namespace, self.name, wanted)
+            await self._scale(wanted)
         gone = set(ordinals)
         deadline = time.monotonic() + STOP_TIMEOUT
         while time.monotonic() < deadline:
-            pods = await self.api.list_pods(self.namespace, label_selector(self.job))
+            pods = await self.view.pods()
             if not any(pod_ordinal(p, self.job) in gone for p in pods):
                 break
             await asyncio.sleep(POLL_SECONDS)  # polling the API: no watch for one wait
@@ -142,7 +177,7 @@ class KubernetesWorkerPool:
 
     async def workers(self) -> dict[int, WorkerInfo]:
         replicas = await self.replicas()
-        pods = await self.api.list_pods(self.namespace, label_selector(self.job))
+        pods = await self.view.pods()
         by_ordinal = {o: p for p in pods if (o := pod_ordinal(p, self.job)) is not None}
         now = self.clock()
         out: dict[int, WorkerInfo] = {}
