@@ -106,7 +106,7 @@ class Cluster:
         store_url: str,
         local_store_url: str,
         image: str,
-        kill_worker: Callable[[str, float], None],
+        delete_worker_pod: Callable[[str, float], None],
         crash_operator_during: Callable[[Callable[[], None]], None],
         diagnostics: Callable[[], str],
         operator_metrics: Callable[[], str] | None = None,
@@ -116,8 +116,10 @@ class Cluster:
         self.store_url = store_url
         self.local_store_url = local_store_url
         self.image = image
-        self.kill_worker = kill_worker
-        """``kill_worker(pod, hold)``: kill a worker and keep it down ``hold`` seconds."""
+        self.delete_worker_pod = delete_worker_pod
+        """``delete_worker_pod(pod, hold)``: delete a worker's pod; on the emulator its
+        re-creation is held back ``hold`` seconds (a node that is slow to come back), on a
+        real cluster the StatefulSet re-creates it at once."""
         self.crash_operator_during = crash_operator_during
         """``crash_operator_during(start_rescale)``: the operator dies in the middle of the
         rescale that ``start_rescale`` asks for, and a new one is started."""

@@ -64,6 +64,10 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]
         assert operator.wait_exit(60) == -signal.SIGKILL, operator.output()
         operator.start()
 
+    def delete_worker_pod(pod: str, hold: float) -> None:
+        runner.hold(pod, hold)
+        k8s.kubectl("delete", "pod", pod, "--wait=false")
+
     def diagnostics() -> str:
         return f"--- operator\n{operator.output()}\n--- pods\n{runner.logs(tail=30)}"
 
@@ -73,7 +77,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]
             store_url=server.url,
             local_store_url=server.url,
             image="keyshift/keyshift:dev",
-            kill_worker=lambda pod, hold: _discard(runner.kill(pod, hold=hold)),
+            delete_worker_pod=delete_worker_pod,
             crash_operator_during=crash_operator_during,
             diagnostics=diagnostics,
             operator_metrics=lambda: httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text,
@@ -93,8 +97,8 @@ def _real_cluster(settings: dict[str, str]) -> Iterator[Cluster]:  # pragma: no 
         return subprocess.run(["kubectl", *args], input=input, capture_output=True, text=True,
                               check=check, timeout=120)  # fmt: skip
 
-    def kill_worker(pod: str, hold: float) -> None:
-        kubectl("delete", "pod", pod, "--grace-period=0", "--force")
+    def delete_worker_pod(pod: str, hold: float) -> None:
+        kubectl("delete", "pod", pod, "--wait=false")
 
     def crash_operator_during(start_rescale: Callable[[], None]) -> None:
         start_rescale()  # best effort: the rescale may be over before the pod goes
@@ -105,7 +109,7 @@ def _real_cluster(settings: dict[str, str]) -> Iterator[Cluster]:  # pragma: no 
         store_url=settings["KEYSHIFT_E2E_STORE_URL"],
         local_store_url=settings["KEYSHIFT_E2E_LOCAL_STORE_URL"],
         image=settings["KEYSHIFT_E2E_IMAGE"],
-        kill_worker=kill_worker,
+        delete_worker_pod=delete_worker_pod,
         crash_operator_during=crash_operator_during,
         diagnostics=lambda: kubectl("get", "pods,sts,sj", "-o", "wide", check=False).stdout,
     )
@@ -218,10 +222,10 @@ async def test_apply_scale_failover_restart_delete(
         assert len(cluster.list("pods", f"keyshift.dev/job={name}")) == parallelism
         await assert_sound(store, name, parallelism)
 
-    # failover: worker 1 dies and stays down past failoverAfter; its key groups move to
-    # the survivors, and come back to it in a rebalance once it is Ready again
+    # failover: worker 1's pod is deleted and stays away past failoverAfter; its key
+    # groups move to the survivors, and come back to it in a rebalance once it is Ready
     done = len(status["rescales"])
-    cluster.kill_worker(f"{name}-worker-1", 8.0)
+    cluster.delete_worker_pod(f"{name}-worker-1", 8.0)
     status = cluster.wait(
         "the failover and the rebalance",
         lambda: (
