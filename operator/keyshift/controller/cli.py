@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
@@ -50,6 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(handler=_status)
 
+    explain = commands.add_parser("explain", help="the autoscaler's last decisions and why")
+    explain.add_argument("job")
+    explain.add_argument("--last", type=int, default=5, help="how many decisions (default 5)")
+    explain.add_argument("--json", action="store_true", help="print JSON")
+    explain.add_argument(
+        "-n", "--namespace", help="read the StreamJob's status on Kubernetes instead of a local run"
+    )
+    explain.set_defaults(handler=_explain)
+
     op = commands.add_parser("operator", help="run the Kubernetes operator (kopf)")
     op.add_argument("-n", "--namespace", action="append", default=[],
                     help="watch this namespace (repeatable; a glob pattern works too)")  # fmt: skip
@@ -84,6 +94,38 @@ def _run(args: argparse.Namespace) -> int:
         args.manifest, base_dir=args.dir, store_url=args.store_url,
         failover_after=args.failover_after, restart_delay=args.restart_delay,
     )  # fmt: skip
+
+
+def _explain(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from keyshift.controller.autoscaler import Decision, explain
+
+    if args.namespace:
+        from keyshift.controller.k8s_api import KubeApi, load_credentials
+
+        load_credentials()
+        body = asyncio.run(KubeApi().read_job(args.namespace, args.job))
+        auto = ((body or {}).get("status") or {}).get("autoscaler")
+        where = f"StreamJob {args.namespace}/{args.job}"
+    else:
+        from keyshift.controller.local_run import RunDir
+
+        path = RunDir.of(args.job, args.dir).autoscaler
+        auto = json.loads(path.read_text()) if path.exists() else None
+        where = f"local job {args.job!r}"
+    if not auto or not auto.get("decisions"):
+        console.print(f"{where}: no autoscaler decisions yet (is spec.autoscaler.enabled true?)")
+        return 1
+    decisions = [msgspec.convert(d, type=Decision) for d in auto["decisions"][-args.last :]]
+    if args.json:
+        print(json.dumps([msgspec.to_builtins(d) for d in decisions], indent=2))
+        return 0
+    console.print(f"{where}: autoscaler mode {auto.get('mode')}, newest last")
+    for d in decisions:
+        console.print(explain(d), highlight=False, markup=False)
+        console.print()
+    return 0
 
 
 def _operator(args: argparse.Namespace) -> int:

@@ -112,6 +112,16 @@ class KubeApi:
 
     # -- the StreamJob ------------------------------------------------------------------
 
+    async def read_job(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return await self._call(
+                self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     async def patch_job_status(self, namespace: str, name: str, status: Obj) -> Obj:
         return await self._call(
             self.custom.patch_namespaced_custom_object_status,

@@ -20,6 +20,8 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from keyshift.controller import operator_metrics as metrics
+from keyshift.controller.autoscaler import Decision
+from keyshift.controller.autoscaling import AutoscalerRunner, choose_desired, history_from
 from keyshift.controller.controller import Controller, ControllerSettings
 from keyshift.controller.k8s_api import KubeApi, Obj
 from keyshift.controller.k8s_objects import drift, label_selector, owned_objects
@@ -30,6 +32,8 @@ from keyshift.controller.k8s_status import (
     record_from_status,
     record_to_status,
 )
+from keyshift.controller.metrics_provider import WorkerTarget
+from keyshift.controller.prometheus_provider import PrometheusMetricsProvider
 from keyshift.controller.reconcile import Desired
 from keyshift.controller.records import ControllerRecord
 from keyshift.runtime.config import StreamJobSpec
@@ -141,6 +145,8 @@ class JobRunner:
         self._last_status_at = 0.0
         self._last_drift_at = 0.0
         self._history_seen = 0
+        self.autoscaler: AutoscalerRunner | None = None
+        self._manual_seen: int | None = None
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -156,6 +162,8 @@ class JobRunner:
         finally:
             if self.store is not None:
                 await self.store.close()
+            if self.autoscaler is not None:
+                await self.autoscaler.provider.close()
 
     def _fail(self, message: str) -> None:
         metrics.RECONCILE_ERRORS.labels(self.namespace, self.name).inc()
@@ -178,6 +186,14 @@ class JobRunner:
         controller = await self._controller(spec)
         await controller.tick()
         self._count_finished(controller.executor.record)
+        if self.autoscaler is not None and controller.assignment is not None:
+            workers = await self.pool.workers()
+            targets = [WorkerTarget(w.ordinal, w.name, w.metrics_url)
+                       for w in workers.values() if w.metrics_url]  # fmt: skip
+            await self.autoscaler.tick(
+                now=now, current=controller.assignment.parallelism,
+                rescale=controller.executor.record.current, targets=targets,
+            )  # fmt: skip
         if now - self._last_status_at >= STATUS_SECONDS:
             self._last_status_at = now
             await self.write_status(controller)
@@ -191,6 +207,7 @@ class JobRunner:
         info = await self.store.init_job(self.name, spec.key_groups)
         self.key_groups = info.key_groups
         record = record_from_status(self.body.get("status"), self.name)
+        self.autoscaler = await self._autoscaler(spec)
         self._history_seen = len(record.history)
         self.controller = Controller(
             self.name, info.key_groups, self.store, self.pool,
@@ -202,7 +219,44 @@ class JobRunner:
         return self.controller
 
     def desired(self) -> Desired:
-        return Desired(int((self.body.get("spec") or {}).get("parallelism") or 1), "manual")
+        """``spec.parallelism`` (manual, ``kubectl scale``) unless the autoscaler wants another;
+        a change of ``spec.parallelism`` drops the autoscaler's pending wish."""
+        manual = int((self.body.get("spec") or {}).get("parallelism") or 1)
+        if manual != self._manual_seen:
+            if self._manual_seen is not None and self.autoscaler is not None:
+                self.autoscaler.manual_change()
+            self._manual_seen = manual
+        wish = None if self.autoscaler is None else self.autoscaler.wish
+        return choose_desired(Desired(manual, "manual"), wish)
+
+    async def _autoscaler(self, spec: StreamJobSpec) -> AutoscalerRunner | None:
+        scaler = spec.autoscaler
+        if not scaler.enabled:
+            return None
+        if not scaler.prometheus.url:
+            raise ValueError("spec.autoscaler.prometheus.url is required on Kubernetes")
+        auth: dict[str, str] = {}
+        if scaler.prometheus.secret_ref:
+            for key in ("token", "username", "password"):
+                with contextlib.suppress(KeyError, ApiException):
+                    auth[key] = await self.api.read_secret_key(
+                        self.namespace, scaler.prometheus.secret_ref, key
+                    )
+        provider = PrometheusMetricsProvider(
+            scaler.prometheus.url, window_seconds=scaler.metrics_window_seconds,
+            token=auth.get("token"), username=auth.get("username"),
+            password=auth.get("password"),
+            verify_tls=not scaler.prometheus.insecure_skip_verify, queries=scaler.queries,
+        )  # fmt: skip
+        history = history_from((self.body.get("status") or {}).get("autoscaler"))
+
+        def on_decision(decision: Decision, notable: bool) -> None:
+            if notable:
+                kind = "Warning" if decision.action == "blocked" else "Normal"
+                self.post_event(kind, "ScalingDecision", f"({scaler.mode}) {decision.message}")
+
+        return AutoscalerRunner(self.name, spec.key_groups, scaler, provider, history,
+                                on_decision=on_decision)  # fmt: skip
 
     def _count_finished(self, record: ControllerRecord) -> None:
         finished = record.history[self._history_seen :] if self._history_seen else record.history
@@ -230,6 +284,8 @@ class JobRunner:
             error=self.error,
             at=time.time(),
         )
+        if self.autoscaler is not None:
+            status["autoscaler"] = self.autoscaler.status()
         metrics.PARALLELISM.labels(self.namespace, self.name).set(status["parallelism"])
         if status != self._last_status:
             await self.api.patch_job_status(self.namespace, self.name, status)

@@ -31,13 +31,21 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.live import Live
 
+from keyshift.controller.autoscaler import Decision
+from keyshift.controller.autoscaling import AutoscalerRunner, choose_desired, history_from
 from keyshift.controller.controller import Controller, ControllerSettings
 from keyshift.controller.local_pool import LocalWorkerPool, pid_alive, stop_pid
-from keyshift.controller.metrics_provider import DirectScrapeProvider, WorkerTarget
+from keyshift.controller.metrics_provider import (
+    DirectScrapeProvider,
+    MetricsProvider,
+    WorkerTarget,
+)
+from keyshift.controller.prometheus_provider import PrometheusMetricsProvider
 from keyshift.controller.reconcile import Desired
 from keyshift.controller.records import FileRecordStore
 from keyshift.controller.status import status_document
@@ -80,6 +88,15 @@ class RunDir:
     @property
     def controller(self) -> Path:
         return self.root / "controller.json"
+
+    @property
+    def autoscaler(self) -> Path:
+        return self.root / "autoscaler.json"
+
+    @property
+    def prometheus_targets(self) -> Path:
+        """The workers' metrics endpoints as a Prometheus ``file_sd_configs`` file."""
+        return self.root / "prometheus-targets.json"
 
     @property
     def store(self) -> Path:
@@ -141,6 +158,9 @@ class LocalRun:
         self.restart_delay = restart_delay
         self.events: deque[str] = deque(maxlen=50)
         self.stop_event = asyncio.Event()
+        self.autoscaler: AutoscalerRunner | None = None
+        self._manual_seen: object = None
+        self._targets_written: list[dict[str, Any]] | None = None
 
     def event(self, kind: str, message: str) -> None:
         line = f"{time.strftime('%H:%M:%S')} {message}"
@@ -191,9 +211,10 @@ class LocalRun:
                     f"(`keyshift store delete {self.job}` starts over)"
                 )
             records = FileRecordStore(self.dir.controller, self.job)
+            self.autoscaler = self._autoscaler()
             controller = Controller(
                 self.job, self.spec.key_groups, store, pool, records,
-                desired=lambda: self.dir.read_desired(self.spec.parallelism),
+                desired=self._desired,
                 settings=ControllerSettings(failover_after=self.failover_after),
                 on_event=self.event,
             )  # fmt: skip
@@ -209,6 +230,8 @@ class LocalRun:
             self.event("Normal", "stopping workers (they commit their state)")
             await pool.close()
             await provider.close()
+            if self.autoscaler is not None:
+                await self.autoscaler.provider.close()
             await store.close()
             if server is not None:
                 await asyncio.to_thread(server.stop)
@@ -240,6 +263,50 @@ class LocalRun:
         stop_pid(pid)
         self.event("Normal", f"stopped the store of an earlier run (pid {pid})")
 
+    def _autoscaler(self) -> AutoscalerRunner | None:
+        spec = self.spec.autoscaler
+        if not spec.enabled:
+            return None
+        provider: MetricsProvider
+        if spec.prometheus.url:
+            provider = PrometheusMetricsProvider(
+                spec.prometheus.url, window_seconds=spec.metrics_window_seconds,
+                verify_tls=not spec.prometheus.insecure_skip_verify, queries=spec.queries,
+            )  # fmt: skip
+        else:
+            provider = DirectScrapeProvider(window_seconds=spec.metrics_window_seconds)
+        history = None
+        with contextlib.suppress(OSError, ValueError):
+            history = history_from(json.loads(self.dir.autoscaler.read_text()))
+
+        def on_decision(decision: Decision, notable: bool) -> None:
+            if notable:
+                kind = "Warning" if decision.action == "blocked" else "Normal"
+                self.event(kind, f"autoscaler ({spec.mode}): {decision.message}")
+
+        return AutoscalerRunner(self.job, self.spec.key_groups, spec, provider, history,
+                                on_decision=on_decision)  # fmt: skip
+
+    def _desired(self) -> Desired:
+        """The manual parallelism (manifest, ``keyshift scale``) unless the autoscaler wants
+        another; a new manual request drops the autoscaler's pending wish."""
+        manual = self.dir.read_desired(self.spec.parallelism)
+        with contextlib.suppress(OSError, ValueError):
+            seen = json.loads(self.dir.desired.read_text()).get("requested_at")
+            if seen != self._manual_seen:
+                self._manual_seen = seen
+                if self.autoscaler is not None and seen is not None:
+                    self.autoscaler.manual_change()
+        wish = None if self.autoscaler is None else self.autoscaler.wish
+        return choose_desired(manual, wish)
+
+    def _write_targets(self, targets: list[WorkerTarget]) -> None:
+        """Keep the file-SD file current, so a local Prometheus scrapes every worker."""
+        doc = file_sd_targets(targets)
+        if doc != self._targets_written:
+            self.dir.write_json(self.dir.prometheus_targets, doc)
+            self._targets_written = doc
+
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -255,12 +322,22 @@ class LocalRun:
             if w.metrics_url
         ]
         load = await provider.collect(self.job, targets) if targets else None
+        self._write_targets(targets)
         record = controller.executor.record
+        if self.autoscaler is not None and controller.assignment is not None and targets:
+            decision = await self.autoscaler.tick(
+                now=time.time(), current=controller.assignment.parallelism,
+                rescale=record.current, targets=targets,
+            )  # fmt: skip
+            if decision is not None:
+                self.dir.write_json(self.dir.autoscaler, self.autoscaler.status())
         doc = status_document(
             self.job, self.spec.key_groups, controller.assignment,
-            self.dir.read_desired(self.spec.parallelism).parallelism, workers, load,
+            self._desired().parallelism, workers, load,
             record.current, record.history, running=True, at=time.time(),
         )  # fmt: skip
+        if self.autoscaler is not None:
+            doc["autoscaler"] = self.autoscaler.status()
         self.dir.write_json(self.dir.status, doc)
         return doc
 
@@ -290,6 +367,12 @@ class LocalRun:
             for w in doc["workers"]:
                 w.update(ready=False, running=False, pid=None)
             self.dir.write_json(self.dir.status, doc)
+
+
+def file_sd_targets(targets: list[WorkerTarget]) -> list[dict[str, Any]]:
+    """Prometheus file service discovery entries for the workers' ``/metrics``."""
+    hosts = sorted(urlsplit(t.metrics_url).netloc for t in targets)
+    return [{"targets": hosts, "labels": {"keyshift_local": "true"}}] if hosts else []
 
 
 def run_local(manifest: Path, **kwargs: Any) -> int:

@@ -18,3 +18,8 @@ RECONCILE_ERRORS = Counter(
     "Controller ticks that failed (API or store errors); retried on the next tick.",
     ["namespace", "job"],
 )
+SCALING_DECISIONS = Counter(
+    "keyshift_scaling_decisions_total",
+    "Autoscaler decisions, by direction (up, down, none, blocked) and reason code.",
+    ["direction", "reason"],
+)

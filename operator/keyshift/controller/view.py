@@ -50,6 +50,16 @@ def render(doc: dict[str, Any], events: Sequence[str] = ()) -> Group:
             f"{rescaling['phase']}",
             style="yellow",
         )
+    auto = doc.get("autoscaler")
+    if auto and auto.get("last"):
+        last = auto["last"]
+        head.append(
+            f"\nautoscaler ({auto['mode']}): {last['action']} {last['current']} -> "
+            f"{last['desired']} [{last['reason']}] {last['message']}",
+            style="red" if last["action"] == "blocked" else "cyan",
+        )
+    elif auto:
+        head.append(f"\nautoscaler ({auto['mode']}): collecting a first window", style="dim")
     if not doc["metrics_complete"] and doc["metrics_missing"]:
         head.append("\nmetrics incomplete: " + "; ".join(doc["metrics_missing"][:3]), style="dim")
 
@@ -104,4 +114,7 @@ def log_line(doc: dict[str, Any]) -> str:
     if doc["rescale_in_progress"]:
         r = doc["rescale_in_progress"]
         line += f" rescaling={r['from']}->{r['to']}:{r['phase']}"
+    last = (doc.get("autoscaler") or {}).get("last")
+    if last:
+        line += f" autoscaler={last['action']}:{last['desired']}:{last['reason']}"
     return line
