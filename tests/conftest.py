@@ -1,4 +1,4 @@
-"""Shared fixtures: real Valkey/Redis servers on loopback ports.
+"""Shared fixtures: real Valkey/Redis servers and a real Prometheus on loopback ports.
 
 A standalone server and a 3-master Redis Cluster are started once per test
 session (in a temporary directory) and stopped by PID at the end.  Tests that
@@ -16,6 +16,7 @@ import pytest
 
 from keyshift.store import RedisStateStore, open_store
 from keyshift.store.server import LocalCluster, LocalServer
+from tests.prometheus_server import PrometheusServer, prometheus_binary
 
 
 @pytest.fixture(scope="session")
@@ -58,3 +59,16 @@ def job() -> str:
 @pytest.fixture
 def scratch(tmp_path: Path) -> Path:
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    """A real Prometheus per test module (scrape interval 1 s, file-based discovery:
+    tests call ``set_targets`` then ``wait_until_scraped``); stopped by its PID."""
+    if prometheus_binary() is None:
+        pytest.skip("no prometheus binary on PATH (Debian/Ubuntu: apt-get install prometheus)")
+    server = PrometheusServer(tmp_path_factory.mktemp("prometheus")).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -31,6 +31,11 @@ from keyshift.store.protocol import Claim, Fenced, StoreUnavailable
 
 log = logging.getLogger("keyshift.runtime")
 
+BATCH_SECONDS = 0.02
+"""Longest stretch one key group processes before yielding the event loop: with slow
+user functions, a batch of ``batchSize`` records could hold the loop for seconds, and
+the other key groups, the assignment watcher and handoffs would wait behind it."""
+
 
 class Outcome(enum.Enum):
     RELEASED = "released"
@@ -297,7 +302,10 @@ class KeyGroupRunner:
         emit = deps.sink.emit
         offset = self.position
         done = 0
+        deadline = time.perf_counter() + BATCH_SECONDS
         for i, record in enumerate(records):
+            if i and not i % 16 and time.perf_counter() > deadline:
+                break  # the rest next step: other key groups and the watcher get the loop
             ctx.begin(keys[i], key_bytes[i], offset)
             try:
                 process(record, ctx)

@@ -77,6 +77,8 @@ class Worker:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self.connected = False
+        self.heartbeat = time.monotonic()
+        """When the worker loop last went round (read by the HTTP thread's ``/healthz``)."""
         self.started = asyncio.Event()
         self._deps: RuntimeDeps | None = None
         self.fenced_key_groups: list[int] = []
@@ -94,7 +96,8 @@ class Worker:
         return self.connected and (current is None or self.acked_generation >= current.generation)
 
     def health(self) -> dict[str, Any]:
-        failed = {str(kg): str(r.failed) for kg, r in self.runners.items() if r.failed is not None}
+        runners = list(self.runners.items())  # one step under the GIL: the HTTP thread reads
+        failed = {str(kg): str(r.failed) for kg, r in runners if r.failed is not None}
         return {
             "status": "degraded" if failed else "ok",
             "worker": self.name,
@@ -103,7 +106,7 @@ class Worker:
             "assignment_generation": (
                 None if self.assignment is None else self.assignment.generation
             ),
-            "key_groups": sorted(self.runners),
+            "key_groups": sorted(kg for kg, _ in runners),
             "failed_key_groups": failed,
         }
 
@@ -149,6 +152,7 @@ class Worker:
                     log.warning("reconcile: %s", exc)
                 await wait_event(self._wake, RECONCILE_SECONDS)
                 self._wake.clear()
+                self.heartbeat = time.monotonic()
         finally:
             self._stop.set()  # the helpers end at their next step; cancelling hurries them
             for task in helpers:
