@@ -9,14 +9,16 @@ directly.
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from keyshift.store import RedisStateStore, open_store
 from keyshift.store.server import LocalCluster, LocalServer
 from tests.prometheus_server import PrometheusServer, prometheus_binary
+from tests.support import WorkerProcess
 
 
 @pytest.fixture(scope="session")
@@ -72,3 +74,18 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusS
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start worker processes; all are stopped (by PID) when the test ends."""
+    started: list[WorkerProcess] = []
+
+    def make(manifest: Path, ordinal: int, store_url: str, **kwargs: Any) -> WorkerProcess:
+        worker = WorkerProcess(manifest, ordinal, store_url, tmp_path, **kwargs).start()
+        started.append(worker)
+        return worker
+
+    yield make
+    for worker in started:
+        worker.stop()

@@ -1,21 +1,27 @@
 """The autoscaler on a real local job: the load steps up and down, the job follows.
 
-``keyshift run`` with real worker processes, the direct-scrape metrics provider
-and ``examples/busy_counter.py`` (about 250 us of work per record, so that a
-few thousand records per second saturate a worker).
+``keyshift run`` with real worker processes and ``examples/busy_counter.py``
+(about 250 us of work per record, so that a few thousand records per second
+saturate a worker). Every test runs twice: with the direct-scrape metrics
+provider, and through the real PromQL path: a real Prometheus scrapes the
+workers (found through the file-SD file ``keyshift run`` keeps in its run
+directory, mirrored into the test Prometheus' targets file) and the job's
+``spec.autoscaler.prometheus.url`` points at it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.controller.localjob import LocalJob
+from tests.prometheus_server import PrometheusServer
 from tests.support import counter_manifest, write_manifest
 
 pytestmark = pytest.mark.slow
@@ -25,7 +31,47 @@ STEP_UP_AT, STEP_DOWN_AT = 15, 50
 LOW, HIGH = 400, 3600  # records/s: ~0.1 and ~0.9 of one worker's capacity
 
 
-def manifest(tmp_path: Path, job: str, mode: str) -> Path:
+Provider = Callable[[Path, str], dict[str, Any]]
+"""``provider(workdir, job)``: the ``autoscaler`` fields that choose the metrics source."""
+
+
+@pytest.fixture(params=["direct", "prometheus"])
+def provider(request: pytest.FixtureRequest) -> Iterator[Provider]:
+    if request.param == "direct":
+        yield lambda workdir, job: {}
+        return
+    prometheus: PrometheusServer = request.getfixturevalue("prometheus")
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+
+    def mirror(source: Path) -> None:
+        last = None
+        while not stop.wait(0.2):
+            try:
+                text = source.read_text()
+            except OSError:
+                continue
+            if text != last:
+                tmp = prometheus.targets_file.with_suffix(".mirror")
+                tmp.write_text(text)
+                tmp.replace(prometheus.targets_file)
+                last = text
+
+    def use(workdir: Path, job: str) -> dict[str, Any]:
+        source = workdir / ".keyshift" / job / "prometheus-targets.json"
+        thread = threading.Thread(target=mirror, args=(source,), daemon=True)
+        thread.start()
+        threads.append(thread)
+        return {"prometheus": {"url": prometheus.url}}
+
+    yield use
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+    prometheus.set_targets([])
+
+
+def manifest(tmp_path: Path, job: str, mode: str, provider: Provider) -> Path:
     points = [[0, LOW], [STEP_UP_AT, LOW], [STEP_UP_AT + 1, HIGH],
               [STEP_DOWN_AT, HIGH], [STEP_DOWN_AT + 1, LOW]]  # fmt: skip
     doc = counter_manifest(
@@ -36,18 +82,11 @@ def manifest(tmp_path: Path, job: str, mode: str) -> Path:
             "enabled": True, "mode": mode, "minParallelism": 1, "maxParallelism": 4,
             "metricsWindowSeconds": 6, "intervalSeconds": 3, "cooldownSeconds": 8,
             "scaleDownStabilizationSeconds": 12, "catchUpSeconds": 20,
+            **provider(tmp_path, job),
         },
     )  # fmt: skip
     doc["spec"]["job"] = "examples.busy_counter:job"
     return write_manifest(tmp_path, doc)
-
-
-@pytest.fixture
-def local_jobs() -> Iterator[list[LocalJob]]:
-    jobs: list[LocalJob] = []
-    yield jobs
-    for job in jobs:
-        job.close()
 
 
 def autoscaled(status: dict[str, Any]) -> list[dict[str, Any]]:
@@ -55,9 +94,10 @@ def autoscaled(status: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def test_the_job_scales_up_with_the_load_and_back_down_after_it(
-    tmp_path: Path, local_jobs: list[LocalJob]
+    tmp_path: Path, local_jobs: list[LocalJob], provider: Provider
 ) -> None:
-    job = LocalJob(tmp_path, manifest(tmp_path, "autoscaled", "scale"), "autoscaled").start()
+    path = manifest(tmp_path, "autoscaled", "scale", provider)
+    job = LocalJob(tmp_path, path, "autoscaled").start()
     local_jobs.append(job)
 
     up = await asyncio.to_thread(
@@ -87,9 +127,10 @@ async def test_the_job_scales_up_with_the_load_and_back_down_after_it(
 
 
 async def test_recommend_mode_reports_without_acting(
-    tmp_path: Path, local_jobs: list[LocalJob]
+    tmp_path: Path, local_jobs: list[LocalJob], provider: Provider
 ) -> None:
-    job = LocalJob(tmp_path, manifest(tmp_path, "advised", "recommend"), "advised").start()
+    path = manifest(tmp_path, "advised", "recommend", provider)
+    job = LocalJob(tmp_path, path, "advised").start()
     local_jobs.append(job)
 
     def recommended_up(s: dict[str, Any]) -> bool:

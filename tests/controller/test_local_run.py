@@ -10,7 +10,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -47,14 +46,6 @@ def manifest(
         source=source, checkpoint_interval="100ms",
     )  # fmt: skip
     return write_manifest(tmp_path, doc), source
-
-
-@pytest.fixture
-def local_jobs() -> Iterator[list[LocalJob]]:
-    jobs: list[LocalJob] = []
-    yield jobs
-    for job in jobs:
-        job.close()
 
 
 class PositionSampler:

@@ -8,9 +8,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiohttp import web
@@ -510,20 +509,6 @@ async def test_handoff_through_prometheus(
         assert all(w.busy_ratio is not None for w in got.per_worker)
     finally:
         await provider.close()
-
-
-@pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    started: list[WorkerProcess] = []
-
-    def make(manifest: Path, ordinal: int, store_url: str, **kwargs: Any) -> WorkerProcess:
-        worker = WorkerProcess(manifest, ordinal, store_url, tmp_path, **kwargs).start()
-        started.append(worker)
-        return worker
-
-    yield make
-    for worker in started:
-        worker.stop()
 
 
 async def test_real_workers_through_prometheus(

@@ -60,7 +60,19 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_api_client.prometheus_connect import PrometheusConnect
 from urllib3.util.retry import Retry
 
-from keyshift.controller.metrics_provider import LoadSample, WorkerLoad, WorkerTarget
+from keyshift.controller.metrics_provider import (
+    BUSY,
+    CACHE_HITS,
+    CACHE_MISSES,
+    END_OFFSET,
+    GENERATION,
+    LAG,
+    OWNED,
+    PROCESSED,
+    LoadSample,
+    WorkerLoad,
+    WorkerTarget,
+)
 from keyshift.runtime.config import AutoscalerSpec, QueriesSpec
 
 __all__ = [
@@ -77,14 +89,6 @@ __all__ = [
     "to_load_sample",
 ]
 
-PROCESSED = "keyshift_records_processed_total"
-BUSY = "keyshift_busy_seconds_total"
-CACHE_HITS = "keyshift_state_cache_hits_total"
-CACHE_MISSES = "keyshift_state_cache_misses_total"
-GENERATION = "keyshift_assignment_generation"
-OWNED = "keyshift_key_groups_owned"
-END_OFFSET = "keyshift_source_end_offset"
-LAG = "keyshift_source_lag_records"
 
 #: Names of the queries a collect runs (``arrival_rate`` and ``lag`` only when
 #: overridden; otherwise they are the sums of the per key group queries).
