@@ -324,6 +324,28 @@ async def test_drift_is_corrected_and_delete_can_take_the_state(
     cluster.wait("the StatefulSet restored", restored, 30)
     assert (cluster.get("statefulset", sts_name) or {})["spec"]["replicas"] == 1
 
+    # an invalid change to a running job: reported, and the job runs on as it was
+    too_many = KEY_GROUPS + 28
+    expected = f"parallelism ({too_many}) must not exceed keyGroups ({KEY_GROUPS})"
+    scaled = cluster.run_kubectl("scale", f"streamjob/{name}", f"--replicas={too_many}")
+    if scaled.returncode != 0:  # a real API server evaluates the CRD's CEL rule
+        assert expected in scaled.stderr
+    else:  # the emulator does not: the operator reports it and the job runs on
+
+        def rejected() -> dict[str, Any] | None:
+            s = job_status(cluster, name)
+            return s if condition(s, "InvalidSpec").get("status") == "True" else None
+
+        status = cluster.wait("the invalid scale reported", rejected, 30)
+        assert expected in condition(status, "InvalidSpec")["message"]
+        assert status["phase"] == "Running" and status["parallelism"] == 1
+        cluster.kubectl("scale", f"streamjob/{name}", "--replicas=1")
+        cluster.wait(
+            "the fixed spec accepted",
+            lambda: condition(job_status(cluster, name), "InvalidSpec").get("status") == "False",
+            30,
+        )
+
     # deleting with the annotation deletes the job's state from the store too
     assert await store.job_info(name) is not None
     cluster.kubectl("annotate", "streamjob", name, "keyshift.dev/delete-state=true")

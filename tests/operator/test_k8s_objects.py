@@ -193,6 +193,12 @@ def test_status_phases_and_conditions() -> None:
     assert conds2["Rescaling"]["lastTransitionTime"] == conds["Rescaling"]["lastTransitionTime"]
     assert conds2["Ready"]["lastTransitionTime"] != conds["Ready"]["lastTransitionTime"]
 
+    typo = job_status(assignment=a, workers=healthy, previous_conditions=[], at=300.0,
+                      invalid="spec.parallelism: too high", **common)  # fmt: skip
+    assert typo["phase"] == "Running" and typo["parallelism"] == 2
+    invalid = {c["type"]: c for c in typo["conditions"]}["InvalidSpec"]
+    assert invalid["status"] == "True" and invalid["message"].startswith("spec.parallelism")
+
 
 def test_the_kubernetes_examples_are_valid_and_render() -> None:
     from tests.support import REPO

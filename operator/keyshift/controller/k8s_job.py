@@ -140,6 +140,8 @@ class JobRunner:
         self.controller: Controller | None = None
         self.key_groups = 0
         self.invalid: str | None = None
+        self.spec: StreamJobSpec | None = None
+        """The last valid spec: what the job runs by while a newer one is invalid."""
         self.error: str | None = None
         self._last_status: Obj | None = None
         self._last_status_at = 0.0
@@ -173,13 +175,19 @@ class JobRunner:
         self.error = message
 
     async def tick(self) -> None:
-        spec = validate_spec(self.body.get("spec") or {})
-        if isinstance(spec, str):
-            await self._report_invalid(spec)
-            return
-        self.invalid = None
+        checked = validate_spec(self.body.get("spec") or {})
+        if isinstance(checked, str):
+            await self._report_invalid(checked)
+            if self.spec is None:
+                return  # never deployed: nothing runs
+            # A job that runs keeps running as its last valid spec says: failover and
+            # handoffs must not stop because of a typo; the status says what is wrong.
+            spec = self.spec
+        else:
+            self.invalid = None
+            spec = self.spec = checked
         now = time.time()
-        if now - self._last_drift_at >= DRIFT_SECONDS:
+        if self.invalid is None and now - self._last_drift_at >= DRIFT_SECONDS:
             self._last_drift_at = now
             for change in await apply_owned_objects(self.api, dict(self.body), spec):
                 self.post_event("Normal", "Reconciled", change)
@@ -221,7 +229,7 @@ class JobRunner:
     def desired(self) -> Desired:
         """``spec.parallelism`` (manual, ``kubectl scale``) unless the autoscaler wants another;
         a change of ``spec.parallelism`` drops the autoscaler's pending wish."""
-        manual = int((self.body.get("spec") or {}).get("parallelism") or 1)
+        manual = 1 if self.spec is None else self.spec.parallelism
         if manual != self._manual_seen:
             if self._manual_seen is not None and self.autoscaler is not None:
                 self.autoscaler.manual_change()
@@ -282,6 +290,7 @@ class JobRunner:
             previous_conditions=previous,
             observed_generation=self.body["metadata"].get("generation"),
             error=self.error,
+            invalid=self.invalid,
             at=time.time(),
         )
         if self.autoscaler is not None:
@@ -296,6 +305,8 @@ class JobRunner:
             return
         self.invalid = message
         self.post_event("Warning", "InvalidSpec", message)
+        if self.spec is not None:
+            return  # a running job: write_status reports it with the job's state
         previous = (self.body.get("status") or {}).get("conditions") or []
         observed = self.body["metadata"].get("generation")
         await self.api.patch_job_status(

@@ -77,7 +77,9 @@ def job_status(
     observed_generation: int | None,
     error: str | None,
     at: float,
+    invalid: str | None = None,
 ) -> Obj:
+    """``invalid``: why the newest spec is rejected, while the job runs by an older one."""
     owners = assignment.owners if assignment is not None else ()
     parallelism = 0 if assignment is None else assignment.parallelism
     current = record.current
@@ -119,7 +121,10 @@ def job_status(
         condition(previous_conditions, "Degraded", bool(not_ready) or bool(error),
                   "WorkersNotReady" if not_ready else ("Error" if error else "AllReady"),
                   degraded_msg, at),
-        condition(previous_conditions, "InvalidSpec", False, "Valid", "the spec is valid", at),
+        condition(previous_conditions, "InvalidSpec", invalid is not None,
+                  "InvalidSpec" if invalid else "Valid",
+                  f"{invalid}; the job runs by its last valid spec" if invalid
+                  else "the spec is valid", at),
     ]  # fmt: skip
     return {
         "phase": phase,
