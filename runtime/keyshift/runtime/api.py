@@ -28,6 +28,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 
+from keyshift.runtime.timers import FiredTimer, TimerService
 from keyshift.store.protocol import check_state_name
 
 R = TypeVar("R")
@@ -235,6 +236,20 @@ class Context(Protocol):
     def offset(self) -> int: ...
     def state(self, spec: StateSpec[H]) -> H: ...
     def emit(self, value: Any) -> None: ...
+    @property
+    def timestamp(self) -> int | None:
+        """The current record's event time (ms); in ``on_timer``, the timer's time."""
+        ...
+
+    @property
+    def watermark(self) -> int | None:
+        """The key group's watermark (ms), ``None`` before the first record."""
+        ...
+
+    @property
+    def timers(self) -> TimerService:
+        """Timers of the current key (``register_event_time(ts, payload)`` and so on)."""
+        ...
 
 
 ProcessFunction = Callable[[R, Context], None]
@@ -248,6 +263,11 @@ class Job(Generic[R]):
     process: Callable[[R, Context], None]
     key_by: Callable[[R], Hashable]
     states: Sequence[ValueState[Any] | MapState[Any, Any] | ListState[Any]] = ()
+    on_timer: Callable[[FiredTimer, Context], None] | None = None
+    """Called when a timer of the current key fires (``ctx.key`` is the timer's key);
+    its state changes, outputs and timer changes are committed like a record's."""
+    timestamp: Callable[[R], int] | None = None
+    """The event time (unix ms) of a record; omitted: the source's own event time."""
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.states]

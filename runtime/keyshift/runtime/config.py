@@ -74,6 +74,19 @@ Seconds = Annotated[
 ]  # fmt: skip
 """A duration in seconds: a number, or a string like ``500ms``, ``2s``, ``1.5m``, ``1h``."""
 
+OptionalSeconds = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    Field(ge=0),
+    WithJsonSchema({
+        "anyOf": [
+            {"type": "number", "minimum": 0},
+            {"type": "string", "pattern": _DURATION.pattern},
+        ]
+    }),
+]  # fmt: skip
+"""A duration in seconds that may be zero."""
+
 # A Kubernetes resource quantity (``500m``, ``2``, ``1.5Gi``, ``1e3``), as the API server
 # accepts it; integers are quantities too.
 _QUANTITY: Final = (
@@ -162,6 +175,20 @@ class GeneratorSource(Model):
     """Input rate over time."""
     limit: int | None = Field(default=None, ge=0)
     """Records per key group, for bounded runs (tests); omitted: unbounded."""
+    disorder: OptionalSeconds = 0.0
+    """Records' event times are their scheduled times minus a deterministic jitter of up
+    to this duration (out-of-order data)."""
+
+
+class TimeSpec(Model):
+    """Event time: the per-key-group watermarks that fire event-time timers."""
+
+    out_of_orderness: OptionalSeconds = 0.0
+    """How far behind the largest event time seen the watermark stays: records later
+    than that are late."""
+    idle_timeout: Seconds = 10.0
+    """After this long without records a key group's watermark follows processing time
+    (minus this timeout and ``outOfOrderness``)."""
 
 
 class LogSink(Model):
@@ -352,6 +379,8 @@ class StreamJobSpec(Model):
     need the string form)."""
     error_policy: Literal["fail", "skip"] = "fail"
     """What a failing record does: ``fail`` the worker, or ``skip`` the record."""
+    time: TimeSpec = Field(default_factory=TimeSpec)
+    """Event time: watermarks and timers."""
     batch_size: int = Field(default=500, ge=1)
     """Records fetched and processed per key group and batch."""
     failover_after: Seconds = 10.0

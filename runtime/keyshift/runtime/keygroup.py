@@ -20,13 +20,24 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from keyshift.runtime.aio import wait_event
-from keyshift.runtime.api import Job, encode_key
+from keyshift.runtime.api import Job, decode_key, encode_key
 from keyshift.runtime.cache import CacheMiss, StateCache
 from keyshift.runtime.faults import crash_point
 from keyshift.runtime.metrics import WorkerMetrics
 from keyshift.runtime.sinks import Sink
 from keyshift.runtime.sources.generator import Generator
 from keyshift.runtime.store import WorkerStore
+from keyshift.runtime.timers import (
+    END_OF_TIME,
+    EVENT_TIME,
+    PROCESSING_TIME,
+    QUEUES,
+    FiredTimer,
+    TimerService,
+    TimerTable,
+    Watermark,
+    decode_member,
+)
 from keyshift.store.protocol import Claim, Fenced, StoreUnavailable
 
 log = logging.getLogger("keyshift.runtime")
@@ -70,6 +81,8 @@ class RuntimeDeps:
     checkpoint_interval: float
     batch_size: int
     error_policy: Literal["fail", "skip"]
+    out_of_orderness: float = 0.0
+    idle_timeout: float = 10.0
 
 
 class _NotLoaded(BaseException):
@@ -93,9 +106,18 @@ class RecordContext:
         "_offset",
         "_outputs",
         "_pending",
+        "_timers",
+        "_timestamp",
+        "_watermark",
     )
 
-    def __init__(self, key_group: int, cache: StateCache, declared: Sequence[str]) -> None:
+    def __init__(
+        self,
+        key_group: int,
+        cache: StateCache,
+        declared: Sequence[str],
+        watermark: Watermark | None = None,
+    ) -> None:
         self._kg = key_group
         self._cache = cache
         self._declared = frozenset(declared)
@@ -105,11 +127,19 @@ class RecordContext:
         self._offset = 0
         self._pending: dict[str, bytes | None] = {}
         self._outputs: list[Any] = []
+        self._timers = TimerService()
+        self._timestamp: int | None = None
+        self._watermark = watermark or Watermark()
 
-    def begin(self, key: Hashable, key_bytes: bytes, offset: int) -> None:
+    def begin(
+        self, key: Hashable, key_bytes: bytes, offset: int, timestamp: int | None = None
+    ) -> None:
         self._key = key
         self._key_bytes = key_bytes
         self._offset = offset
+        self._timestamp = timestamp
+        if self._timers.ops:
+            self._timers.ops = []
         if self._pending:
             self._pending = {}
         if self._outputs:
@@ -138,6 +168,18 @@ class RecordContext:
 
     def emit(self, value: Any) -> None:
         self._outputs.append(value)
+
+    @property
+    def timestamp(self) -> int | None:
+        return self._timestamp
+
+    @property
+    def watermark(self) -> int | None:
+        return self._watermark.value
+
+    @property
+    def timers(self) -> TimerService:
+        return self._timers
 
     # -- StateAccess -------------------------------------------------------------
     def read(self, state: str) -> bytes | None:
@@ -181,7 +223,17 @@ class KeyGroupRunner:
         # commits do not all queue at the store at once
         phase = (self.key_group * 0.618034) % 1.0
         self._last_checkpoint = time.monotonic() - phase * deps.checkpoint_interval
-        self._ctx = RecordContext(self.key_group, deps.cache, deps.job.state_names)
+        self.timed = deps.job.on_timer is not None
+        self.watermark = Watermark(
+            out_of_orderness=deps.out_of_orderness,
+            idle_timeout=deps.idle_timeout,
+            value=claim.watermark,
+        )
+        self.committed_watermark = claim.watermark
+        self.timers = TimerTable()
+        self._timers_loaded = not self.timed
+        self.timers_fired = 0
+        self._ctx = RecordContext(self.key_group, deps.cache, deps.job.state_names, self.watermark)
         self.records_processed = 0
 
     # -- control (called by the worker) -----------------------------------------
@@ -239,18 +291,35 @@ class KeyGroupRunner:
         deps = self.deps
         kg = self.key_group
         now = time.time()
+        if not self._timers_loaded:
+            for queue in QUEUES:
+                found = await deps.store.due_timers(
+                    deps.job_name, kg, queue, END_OF_TIME, limit=1 << 30
+                )
+                self.timers.load(queue, found)
+            self._timers_loaded = True
         end = deps.source.available(kg, now)
         deps.metrics.source(kg, end, self.position)
         due = time.monotonic() - self._last_checkpoint >= deps.checkpoint_interval
         if self.position >= end:
             exhausted = deps.source.exhausted(kg, self.position)
+            if self.timed:
+                if exhausted:
+                    self.watermark.end()
+                else:
+                    self.watermark.idle(now)
+                await self._fire_due(now)
             if due or exhausted:  # a bounded source that ended: commit its tail now
                 await self.checkpoint()
             if exhausted:
                 until_data = 1.0  # a bounded source: nothing more will come
             else:
                 until_data = deps.source.when_available(kg, self.position, now) - now
-            if self.position != self.committed_position or deps.cache.dirty_bytes_of(kg):
+            if self.timed:
+                next_processing = self.timers.next_time(PROCESSING_TIME)
+                if next_processing is not None:
+                    until_data = min(until_data, next_processing / 1000 - now)
+            if self._uncommitted():
                 until_checkpoint = max(
                     0.01, self._last_checkpoint + deps.checkpoint_interval - time.monotonic()
                 )
@@ -261,6 +330,13 @@ class KeyGroupRunner:
         # busy: the time spent on this batch on the event loop, store round trips excluded
         started = time.perf_counter()
         stop = min(end, self.position + deps.batch_size)
+        if self.timed:
+            waited_timers = await self._fire_due(now)
+            if self.failed is not None:
+                await self.checkpoint()
+                return
+        else:
+            waited_timers = 0.0
         records = deps.source.read(kg, self.position, stop)
         keys = [deps.job.key_by(r) for r in records]
         key_bytes = [encode_key(k) for k in keys]
@@ -268,7 +344,8 @@ class KeyGroupRunner:
         try:
             done = self._process(records, keys, key_bytes)
         finally:
-            deps.metrics.busy_seconds.inc(max(0.0, time.perf_counter() - started - waited))
+            busy = time.perf_counter() - started - waited - waited_timers
+            deps.metrics.busy_seconds.inc(max(0.0, busy))
         deps.metrics.records_processed.inc(done)
         if self.failed is not None or due or deps.cache.needs_checkpoint:
             await self.checkpoint()
@@ -303,10 +380,17 @@ class KeyGroupRunner:
         offset = self.position
         done = 0
         deadline = time.perf_counter() + BATCH_SECONDS
+        timed = self.timed
+        timestamp = deps.job.timestamp
+        watermark = self.watermark
+        timers = self.timers
+        event_time: int | None = None
         for i, record in enumerate(records):
             if i and not i % 16 and time.perf_counter() > deadline:
                 break  # the rest next step: other key groups and the watcher get the loop
-            ctx.begin(keys[i], key_bytes[i], offset)
+            if timed:
+                event_time = timestamp(record) if timestamp else deps.source.event_time(kg, offset)
+            ctx.begin(keys[i], key_bytes[i], offset, event_time)
             try:
                 process(record, ctx)
             except _NotLoaded:
@@ -324,27 +408,112 @@ class KeyGroupRunner:
                 )  # fmt: skip
                 offset += 1
                 done += 1
+                if event_time is not None:
+                    watermark.observe(event_time, time.time())
                 continue
             kb = key_bytes[i]
             for state, value in ctx._pending.items():
                 cache.put(kg, state, kb, value)
             for value in ctx._outputs:
                 emit(kg, offset, value)
+            if ctx._timers.ops:
+                ctx._timers.apply(timers, kb)
             offset += 1
             done += 1
+            if event_time is not None and watermark.observe(event_time, time.time()):
+                # timers the watermark passed fire before the next record
+                nt = timers.next_time(EVENT_TIME)
+                if nt is not None and watermark.value is not None and nt <= watermark.value:
+                    self.position = offset
+                    if not self._fire(EVENT_TIME, watermark.value):
+                        break
         self.position = offset
         self.records_processed += done
         return done
 
+    def _uncommitted(self) -> bool:
+        return (
+            self.position != self.committed_position
+            or bool(self.deps.cache.dirty_bytes_of(self.key_group))
+            or self.watermark.value != self.committed_watermark
+            or self.timers.has_changes()
+        )
+
+    async def _fire_due(self, now: float) -> float:
+        """Fire the due timers (loading their keys' state); return the seconds waited."""
+        waited = 0.0
+        for queue, until in (
+            (EVENT_TIME, self.watermark.value),
+            (PROCESSING_TIME, int(now * 1000)),
+        ):
+            if until is None:
+                continue
+            for _ in range(100):  # a key evicted between load and fire: load again
+                due = self.timers.peek_due(queue, until, 256)
+                if not due:
+                    break
+                waited += await self._load([kb for _, kb, _ in due])
+                if self._fire(queue, until) or self.failed is not None:
+                    break
+        return waited
+
+    def _fire(self, queue: str, until: int) -> bool:
+        """Fire ``queue``'s timers up to ``until`` in (time, key) order; False: a timer's
+        key is not loaded (or a user error stopped the key group), retry next step."""
+        deps = self.deps
+        kg = self.key_group
+        ctx = self._ctx
+        cache = deps.cache
+        emit = deps.sink.emit
+        on_timer = deps.job.on_timer
+        assert on_timer is not None
+        timers = self.timers
+        domain: Any = queue
+        while True:
+            due = timers.peek_due(queue, until, 256)
+            if not due:
+                return True
+            for time_ms, kb, member in due:
+                _, _, payload = decode_member(member)
+                key = decode_key(kb)
+                ctx.begin(key, kb, self.position, time_ms)
+                try:
+                    on_timer(FiredTimer(domain, time_ms, key, payload, member), ctx)
+                except _NotLoaded:
+                    return False
+                except Exception as exc:
+                    if deps.error_policy == "fail":
+                        self.failed = UserFunctionError(kg, self.position, exc)
+                        deps.metrics.key_groups_failed.inc()
+                        log.error("%s (timer); key group %d stopped", self.failed, kg)
+                        return False
+                    log.warning(
+                        "skipped timer (key group %d, time %d): %s: %s",
+                        kg, time_ms, type(exc).__name__, exc,
+                    )  # fmt: skip
+                    timers.pop_fired(queue, kb, time_ms, member)
+                    continue
+                timers.pop_fired(queue, kb, time_ms, member)
+                for state, value in ctx._pending.items():
+                    cache.put(kg, state, kb, value)
+                for value in ctx._outputs:
+                    emit(kg, self.position, value)
+                if ctx._timers.ops:
+                    ctx._timers.apply(timers, kb)
+                self.timers_fired += 1
+
     async def checkpoint(self) -> None:
-        """Flush the sink, then commit dirty state and the position (fenced)."""
+        """Flush the sink, then commit dirty state, fired and registered timers, the
+        watermark and the position (fenced), in one atomic commit."""
         deps = self.deps
         kg = self.key_group
         self._last_checkpoint = time.monotonic()
-        if self.position == self.committed_position and not deps.cache.dirty_bytes_of(kg):
+        if not self._uncommitted():
             return
         await deps.sink.flush()
         puts, deletes = deps.cache.dirty_changes(kg)
+        timer_changes = self.timers.changes()
+        watermark = self.watermark.value
         started = time.perf_counter()
         crash_point("commit.before")
         result = await deps.store.commit(
@@ -356,11 +525,15 @@ class KeyGroupRunner:
             puts=puts,
             deletes=deletes,
             position=self.position,
+            watermark=watermark,
+            timers=timer_changes or None,
         )
         crash_point("commit.after")
         deps.metrics.commit_duration.observe(time.perf_counter() - started)
         self.seq = result.seq
         self.committed_position = self.position
+        self.committed_watermark = watermark
+        self.timers.committed()
         deps.cache.committed(kg)
 
     async def _release(self, generation: int) -> None:

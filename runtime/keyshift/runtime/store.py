@@ -23,6 +23,7 @@ from keyshift.store.protocol import (
     JobInfo,
     KeyGroupInfo,
     StaleGeneration,
+    Timer,
     TimerChanges,
 )
 
@@ -55,6 +56,9 @@ class WorkerStore(Protocol):
     async def get_many(
         self, job: str, key_group: int, state_name: str, keys: Collection[bytes]
     ) -> dict[bytes, bytes]: ...
+    async def due_timers(
+        self, job: str, key_group: int, queue: str, until: int, *, limit: int = 1000
+    ) -> list[Timer]: ...
     async def get_assignment(self, job: str) -> Assignment | None: ...
     def watch_assignment(
         self, job: str, *, poll_interval: float = 1.0
@@ -71,7 +75,9 @@ class _KeyGroup:
     position: int = 0
     claimed_generation: int = 0
     released_generation: int = 0
+    watermark: int | None = None
     states: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
+    timers: dict[str, dict[bytes, int]] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -107,7 +113,7 @@ class MemoryStore:
         kg.token = secrets.token_hex(16)
         kg.owner = owner
         kg.claimed_generation = generation
-        return Claim(job, key_group, owner, kg.epoch, kg.token, kg.seq, kg.position, None)
+        return Claim(job, key_group, owner, kg.epoch, kg.token, kg.seq, kg.position, kg.watermark)
 
     def _fence(self, job: str, key_group: int, epoch: int, token: str, seq: int) -> None:
         kg = self._kg(job, key_group)
@@ -149,8 +155,15 @@ class MemoryStore:
             state = kg.states.setdefault(name, {})
             for key in keys:
                 state.pop(key, None)
+        for queue, change in (timers or {}).items():
+            stored = kg.timers.setdefault(queue, {})
+            stored.update({t.payload: t.time for t in change.add})
+            for member in change.remove:
+                stored.pop(member, None)
         kg.seq += 1
         kg.position = position
+        if watermark is not None:
+            kg.watermark = watermark
         return CommitResult(seq=kg.seq)
 
     async def release(
@@ -171,11 +184,11 @@ class MemoryStore:
             owner=kg.owner,
             seq=kg.seq,
             position=kg.position,
-            watermark=None,
+            watermark=kg.watermark,
             claimed_generation=kg.claimed_generation,
             released_generation=kg.released_generation,
             entries=sum(len(s) for s in kg.states.values()),
-            timers=0,
+            timers=sum(len(t) for t in kg.timers.values()),
         )
 
     async def get_many(
@@ -184,17 +197,30 @@ class MemoryStore:
         state = self._kg(job, key_group).states.get(state_name, {})
         return {k: state[k] for k in keys if k in state}
 
+    async def due_timers(
+        self, job: str, key_group: int, queue: str, until: int, *, limit: int = 1000
+    ) -> list[Timer]:
+        stored = self._kg(job, key_group).timers.get(queue, {})
+        found = sorted((t, m) for m, t in stored.items() if t <= until)[:limit]
+        return [Timer(time=t, payload=m) for t, m in found]
+
     def state(self, job: str, key_group: int, state_name: str) -> dict[bytes, bytes]:
         return dict(self._kg(job, key_group).states.get(state_name, {}))
 
     def snapshot(self, job: str, key_group: int) -> _KeyGroup:
         """A copy of a key group, to :meth:`restore` later (a store losing writes)."""
         kg = self._kg(job, key_group)
-        return replace(kg, states={name: dict(s) for name, s in kg.states.items()})
+        return replace(
+            kg,
+            states={name: dict(s) for name, s in kg.states.items()},
+            timers={name: dict(t) for name, t in kg.timers.items()},
+        )
 
     def restore(self, job: str, key_group: int, snapshot: _KeyGroup) -> None:
         self._groups[(job, key_group)] = replace(
-            snapshot, states={name: dict(s) for name, s in snapshot.states.items()}
+            snapshot,
+            states={name: dict(s) for name, s in snapshot.states.items()},
+            timers={name: dict(t) for name, t in snapshot.timers.items()},
         )
 
     async def publish_assignment(

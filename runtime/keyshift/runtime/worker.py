@@ -137,6 +137,8 @@ class Worker:
             checkpoint_interval=spec.checkpoint_interval,
             batch_size=spec.batch_size,
             error_policy=spec.error_policy,
+            out_of_orderness=spec.time.out_of_orderness,
+            idle_timeout=spec.time.idle_timeout,
         )
         helpers = [
             asyncio.create_task(self._watch(), name="assignment-watch"),

@@ -138,6 +138,38 @@ class Generator:
             return now + 1.0
         return now + min(1.0, missing / per_kg)
 
+    def scheduled(self, kg: int, offset: int) -> float:
+        """The job time (seconds) at which offset ``offset`` of ``kg`` comes to exist."""
+        need = (offset + 1) * self.key_groups
+        rate = self.spec.rate
+        if math.isinf(cumulative(rate, 1.0)):
+            return 0.0
+        if rate.shape == "constant" and rate.records_per_second:
+            return need / rate.records_per_second
+        hi = 1.0
+        while cumulative(rate, hi) < need:
+            hi *= 2
+            if hi > 1e12:
+                return hi  # the rate stops: never
+        lo = 0.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if cumulative(rate, mid) >= need:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    def event_time(self, kg: int, offset: int) -> int:
+        """The event time (unix ms) of record ``(kg, offset)``: when it is scheduled, minus
+        a deterministic jitter of up to ``disorder``."""
+        base = round((self.created_at + self.scheduled(kg, offset)) * 1000)
+        disorder = round(self.spec.disorder * 1000)
+        if disorder <= 0:
+            return base
+        h = mix64(self._seed ^ mix64((kg << 40) ^ offset ^ 0x5851F42D4C957F2D))
+        return base - h % (disorder + 1)
+
     def record(self, kg: int, offset: int) -> Event:
         return self.read(kg, offset, offset + 1)[0]
 
