@@ -37,6 +37,11 @@ def direction(decision: Decision) -> str:
     return DIRECTIONS.get(decision.action, decision.action)
 
 
+def event_kind(decision: Decision) -> str:
+    """The Kubernetes Event type of a decision: a blocked scale-up is a warning."""
+    return "Warning" if decision.action == "blocked" else "Normal"
+
+
 def worth_an_event(decision: Decision, previous: Decision | None) -> bool:
     """Actions always; otherwise only a change of reason (no event every interval)."""
     if decision.action != "none":

@@ -33,7 +33,7 @@ from keyshift.controller.rescale import (
     WorkerView,
     next_step,
 )
-from keyshift.runtime.config import worker_name
+from keyshift.runtime.config import ordinal_of, worker_name
 from keyshift.runtime.faults import crash_point
 from keyshift.store.protocol import Assignment, StateStore
 
@@ -41,13 +41,6 @@ log = logging.getLogger("keyshift.controller")
 
 EventSink = Callable[[str, str], None]
 """``(kind, message)``: kind is ``Normal`` or ``Warning``, as Kubernetes Events."""
-
-
-def ordinal_of(job: str, name: str) -> int | None:
-    prefix = f"{job}-worker-"
-    if name.startswith(prefix) and name[len(prefix) :].isdigit():
-        return int(name[len(prefix) :])
-    return None
 
 
 class RescaleExecutor:

@@ -84,17 +84,22 @@ async def apply(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 WORKERS = {APP_LABEL: WORKER_APP}
 
 
+def _by_job(namespace: str | None, labels: kopf.Labels, body: kopf.Body) -> Any:
+    """An index entry: a copy of the object under ``(namespace, job)``."""
+    return {(namespace, labels.get(JOB_LABEL)): copy.deepcopy(dict(body))}
+
+
 @kopf.index("pods", labels=WORKERS)
 def worker_pods(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> Any:
     """The workers' pods by ``(namespace, job)``: a watch cache, so ticks cost no requests."""
-    return {(namespace, labels.get(JOB_LABEL)): copy.deepcopy(dict(body))}
+    return _by_job(namespace, labels, body)
 
 
 @kopf.index("apps", "v1", "statefulsets", labels=WORKERS)
 def worker_statefulsets(
     namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
 ) -> Any:
-    return {(namespace, labels.get(JOB_LABEL)): copy.deepcopy(dict(body))}
+    return _by_job(namespace, labels, body)
 
 
 class IndexedWorkerView:

@@ -21,7 +21,12 @@ from pydantic import ValidationError
 
 from keyshift.controller import operator_metrics as metrics
 from keyshift.controller.autoscaler import Decision
-from keyshift.controller.autoscaling import AutoscalerRunner, choose_desired, history_from
+from keyshift.controller.autoscaling import (
+    AutoscalerRunner,
+    choose_desired,
+    event_kind,
+    history_from,
+)
 from keyshift.controller.controller import Controller, ControllerSettings
 from keyshift.controller.k8s_api import KubeApi, Obj
 from keyshift.controller.k8s_objects import drift, label_selector, owned_objects
@@ -260,8 +265,8 @@ class JobRunner:
 
         def on_decision(decision: Decision, notable: bool) -> None:
             if notable:
-                kind = "Warning" if decision.action == "blocked" else "Normal"
-                self.post_event(kind, "ScalingDecision", f"({scaler.mode}) {decision.message}")
+                message = f"({scaler.mode}) {decision.message}"
+                self.post_event(event_kind(decision), "ScalingDecision", message)
 
         return AutoscalerRunner(self.name, spec.key_groups, scaler, provider, history,
                                 on_decision=on_decision)  # fmt: skip

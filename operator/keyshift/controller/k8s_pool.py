@@ -24,7 +24,7 @@ from keyshift.controller.k8s_objects import (
     statefulset_name,
 )
 from keyshift.controller.pool import WorkerInfo
-from keyshift.runtime.config import worker_name
+from keyshift.runtime.config import ordinal_of, worker_name
 
 STOP_TIMEOUT = 60.0
 POLL_SECONDS = 0.25
@@ -42,10 +42,7 @@ def pod_ordinal(pod: Obj, job: str) -> int | None:
     index = (meta.get("labels") or {}).get(POD_INDEX_LABEL)
     if index is not None and str(index).isdigit():
         return int(index)
-    prefix = f"{statefulset_name(job)}-"
-    name = str(meta.get("name", ""))
-    suffix = name[len(prefix) :]
-    return int(suffix) if name.startswith(prefix) and suffix.isdigit() else None
+    return ordinal_of(job, str(meta.get("name", "")))  # pod names are worker names
 
 
 def _condition(pod: Obj, kind: str) -> dict[str, Any] | None:

@@ -37,7 +37,12 @@ from rich.console import Console
 from rich.live import Live
 
 from keyshift.controller.autoscaler import Decision
-from keyshift.controller.autoscaling import AutoscalerRunner, choose_desired, history_from
+from keyshift.controller.autoscaling import (
+    AutoscalerRunner,
+    choose_desired,
+    event_kind,
+    history_from,
+)
 from keyshift.controller.controller import Controller, ControllerSettings
 from keyshift.controller.local_pool import LocalWorkerPool, pid_alive, stop_pid
 from keyshift.controller.metrics_provider import (
@@ -281,8 +286,7 @@ class LocalRun:
 
         def on_decision(decision: Decision, notable: bool) -> None:
             if notable:
-                kind = "Warning" if decision.action == "blocked" else "Normal"
-                self.event(kind, f"autoscaler ({spec.mode}): {decision.message}")
+                self.event(event_kind(decision), f"autoscaler ({spec.mode}): {decision.message}")
 
         return AutoscalerRunner(self.job, self.spec.key_groups, spec, provider, history,
                                 on_decision=on_decision)  # fmt: skip

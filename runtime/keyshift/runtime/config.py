@@ -481,6 +481,13 @@ def worker_name(job: str, ordinal: int) -> str:
     return f"{job}-worker-{ordinal}"
 
 
+def ordinal_of(job: str, name: str) -> int | None:
+    """The ordinal in a worker's name (:func:`worker_name`), or None if it is not one."""
+    prefix = f"{job}-worker-"
+    suffix = name[len(prefix) :]
+    return int(suffix) if name.startswith(prefix) and suffix.isdigit() else None
+
+
 def settings_from(
     manifest: StreamJob,
     *,
