@@ -1,9 +1,13 @@
 """A per-key counter: for every key, how many records and the sum of their values.
 
-Run it with ``examples/counter.yaml``.
+Run it with ``examples/counter.yaml`` (the generator), or over Kafka with
+``examples/kafka/counter.yaml``: there each record's value is the JSON of an
+``Event``, which ``decode`` turns back into one.
 """
 
 from __future__ import annotations
+
+import msgspec
 
 from keyshift.runtime.api import Context, Job, ValueState
 from keyshift.runtime.sources.generator import Event
@@ -23,5 +27,9 @@ def process(event: Event, ctx: Context) -> None:
 
 
 job: Job[Event] = Job(
-    name="counter", process=process, key_by=lambda e: e.key, states=[count, total]
+    name="counter",
+    process=process,
+    key_by=lambda e: e.key,
+    states=[count, total],
+    decode=msgspec.json.Decoder(Event).decode,
 )

@@ -17,6 +17,7 @@ import pytest
 
 from keyshift.store import RedisStateStore, open_store
 from keyshift.store.server import LocalCluster, LocalServer
+from tests.kafka_broker import KafkaBroker
 from tests.prometheus_server import PrometheusServer, prometheus_binary
 from tests.support import WorkerProcess
 
@@ -74,6 +75,16 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusS
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    """A real Kafka-compatible broker (Tansu, memory storage) per test module."""
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka")).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
 
 
 @pytest.fixture

@@ -161,8 +161,10 @@ def test_schema_keeps_defaults_enums_bounds_and_rules() -> None:
     # the sink union folded into one object
     sink = props["sink"]
     assert sink["type"] == "object" and sink["required"] == ["type"]
-    assert sink["properties"]["type"]["enum"] == ["log", "null"]
-    assert set(sink["properties"]) == {"type", "path", "fsync"}
+    assert sink["properties"]["type"]["enum"] == ["log", "null", "kafka"]
+    assert set(sink["properties"]) == {
+        "type", "path", "fsync", "bootstrapServers", "properties", "topic", "format", "flushTimeout"
+    }  # fmt: skip
     assert "default" not in sink["properties"]["fsync"]  # would land in null sinks
     assert any("path" in r["rule"] for r in sink["x-kubernetes-validations"])
     # free-form objects

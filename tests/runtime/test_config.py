@@ -17,7 +17,7 @@ def test_the_example_manifest_loads() -> None:
     assert m.name == "counter"
     assert m.spec.job == "examples.counter:job"
     assert m.spec.checkpoint_interval == 1.0
-    assert m.spec.source.distribution == "zipf"
+    assert m.spec.generator.distribution == "zipf"
     assert m.spec.sink.type == "log"
 
 

@@ -115,13 +115,13 @@ def test_timer_changes_are_disjoint_and_cleared_by_commit() -> None:
     assert not table.has_changes()
     table.register(EVENT_TIME, a, 60)
     table.register(EVENT_TIME, a, 70)
-    table.delete(EVENT_TIME, a, 70)  # never committed: simply gone
+    table.delete(EVENT_TIME, a, 70)  # not added any more (its removal is a no-op in the store)
     table.delete(EVENT_TIME, a, 50)  # committed: removed in the next commit
     table.delete(EVENT_TIME, a, 999)  # unknown: nothing
     changes = table.changes()
     assert list(changes) == [EVENT_TIME]
     assert [t.time for t in changes[EVENT_TIME].add] == [60]
-    assert list(changes[EVENT_TIME].remove) == [stored.payload]
+    assert list(changes[EVENT_TIME].remove) == sorted([stored.payload, timer_member(a, 70, None)])
     table.committed()
     assert not table.has_changes()
     assert table.next_time(EVENT_TIME) == 60
@@ -229,7 +229,7 @@ async def running(m: StreamJob, store: Any, ordinal: int, url: str) -> AsyncIter
 
 def test_generator_event_times_follow_the_schedule_with_bounded_disorder() -> None:
     m = manifest("x", 4, 100, Path("/dev/null"))
-    gen = Generator(m.spec.source, 4, created_at=1000.0)
+    gen = Generator(m.spec.generator, 4, created_at=1000.0)
     for kg in range(4):
         for offset in range(100):
             scheduled = round((1000.0 + (offset + 1) * 4 / 4000) * 1000)
@@ -290,7 +290,7 @@ async def test_timers_fire_exactly_once_across_a_handoff(
 
         info = await store.job_info(name)
         assert info is not None
-        gen = Generator(m.spec.source, k, info.created_at)
+        gen = Generator(m.spec.generator, k, info.created_at)
         emitted: list[tuple[str, int, int]] = []
         decoder = msgspec.json.Decoder()
         for line in sink.read_bytes().splitlines():
@@ -367,7 +367,7 @@ async def test_timers_after_crashes_before_and_after_commits(
             assert (await store.key_group_info(name, kg)).timers == 0
         info = await store.job_info(name)
         assert info is not None
-        gen = Generator(m.spec.source, k, info.created_at)
+        gen = Generator(m.spec.generator, k, info.created_at)
         expected_emitted: set[tuple[str, int, int]] = set()
         for kg in range(k):
             expected = expected_firings(gen, kg, limit, 30)
@@ -453,3 +453,17 @@ async def test_processing_time_timers_fire_once_per_key_in_process() -> None:
     for kg in range(k):
         woken = store.state("proc", kg, "woke")
         assert woken and all(msgspec.msgpack.decode(v) == 1 for v in woken.values())
+
+
+def test_a_committed_timer_deleted_registered_and_deleted_again_is_removed() -> None:
+    table = TimerTable()
+    a = encode_key("a")
+    stored = Timer(time=50, payload=timer_member(a, 50, None))
+    table.load(EVENT_TIME, [stored])
+    table.delete(EVENT_TIME, a, 50)
+    table.register(EVENT_TIME, a, 50)
+    table.delete(EVENT_TIME, a, 50)
+    changes = table.changes()
+    assert changes[EVENT_TIME].add == []
+    assert list(changes[EVENT_TIME].remove) == [stored.payload]
+    assert table.next_time(EVENT_TIME) is None

@@ -66,7 +66,7 @@ async def test_one_worker_then_two_hand_off_without_losing_a_record() -> None:
     k, limit = 6, 4000
     m = manifest(k, limit, batchSize=100)
     m = m.model_copy(
-        update={"spec": m.spec.model_copy(update={"source": m.spec.source.model_copy(
+        update={"spec": m.spec.model_copy(update={"source": m.spec.generator.model_copy(
             update={"rate": RateSpec(records_per_second=12_000)})})}
     )  # fmt: skip
     store = MemoryStore()
@@ -92,7 +92,7 @@ async def test_one_worker_then_two_hand_off_without_losing_a_record() -> None:
         assert sorted(w0.runners) == [0, 1, 2] and sorted(w1.runners) == [3, 4, 5]
         assert store.acks["inproc"] == {"inproc-worker-0": 2, "inproc-worker-1": 2}
     for kg in range(k):
-        expected = counter_state_encoded(m.spec.source, k, kg, limit)
+        expected = counter_state_encoded(m.spec.generator, k, kg, limit)
         for state in ("count", "total"):
             assert store.state("inproc", kg, state) == expected[state]
 
@@ -100,7 +100,7 @@ async def test_one_worker_then_two_hand_off_without_losing_a_record() -> None:
 async def test_error_policy_fail_parks_the_key_group_and_reports_it() -> None:
     k, limit = 4, 2000
     m = manifest(k, limit, errorPolicy="fail", job="tests.runtime.jobs:flaky")
-    gen = Generator(m.spec.source, k, 0.0)
+    gen = Generator(m.spec.generator, k, 0.0)
     first_bad = {
         kg: next(i for i, e in enumerate(gen.read(kg, 0, limit)) if e.value == jobs.BAD_VALUE)
         for kg in range(k)
@@ -144,7 +144,7 @@ async def test_error_policy_fail_parks_the_key_group_and_reports_it() -> None:
 async def test_error_policy_skip_counts_and_leaves_no_trace_of_the_record() -> None:
     k, limit = 2, 3000
     m = manifest(k, limit, errorPolicy="skip", job="tests.runtime.jobs:flaky")
-    gen = Generator(m.spec.source, k, 0.0)
+    gen = Generator(m.spec.generator, k, 0.0)
     store = MemoryStore()
     await store.init_job("inproc", k)
     await store.publish_assignment(
@@ -175,7 +175,7 @@ async def test_a_commit_the_store_lost_is_redone_from_the_stored_position() -> N
     k, limit = 2, 3000
     m = manifest(k, limit)
     m = m.model_copy(
-        update={"spec": m.spec.model_copy(update={"source": m.spec.source.model_copy(
+        update={"spec": m.spec.model_copy(update={"source": m.spec.generator.model_copy(
             update={"rate": RateSpec(records_per_second=3000)})})}
     )  # fmt: skip
     store = MemoryStore()
@@ -205,6 +205,6 @@ async def test_a_commit_the_store_lost_is_redone_from_the_stored_position() -> N
         assert (await store.key_group_info("inproc", 0)).epoch == lost.epoch + 1
         assert worker.metrics.commits_fenced._value.get() == 1
     for kg in range(k):
-        expected = counter_state_encoded(m.spec.source, k, kg, limit)
+        expected = counter_state_encoded(m.spec.generator, k, kg, limit)
         for state in ("count", "total"):
             assert store.state("inproc", kg, state) == expected[state]

@@ -83,8 +83,42 @@ def build_parser() -> argparse.ArgumentParser:
                           help="exit 1 with a diff when --output differs from it")  # fmt: skip
     crd.set_defaults(handler=_crd)
 
+    fill = commands.add_parser(
+        "fill-topic",
+        help="write a manifest's generator records to a Kafka topic (one partition per key group)",
+    )
+    fill.add_argument("manifest", type=Path, help="a StreamJob whose source is the generator")
+    fill.add_argument("--bootstrap-servers", required=True)
+    fill.add_argument("--topic", required=True)
+    fill.add_argument("--records", type=int, required=True, help="records per key group")
+    fill.add_argument("--start", type=int, default=0, help="first offset (default 0)")
+    fill.set_defaults(handler=_fill_topic)
+
     add_store_commands(commands)
     return parser
+
+
+def _fill_topic(args: argparse.Namespace) -> int:
+    from keyshift.runtime.config import GeneratorSource, load_manifest
+    from keyshift.runtime.kafka import create_topic, fill_topic
+    from keyshift.runtime.sources.generator import Generator
+
+    spec = load_manifest(args.manifest).spec
+    if not isinstance(spec.source, GeneratorSource):
+        console.print(f"{args.manifest}: its source is not the generator")
+        return 2
+    # event times as if the records had arrived on the generator's schedule, ending now
+    span = Generator(spec.source, spec.key_groups, 0.0).scheduled(0, args.start + args.records - 1)
+    generator = Generator(spec.source, spec.key_groups, created_at=time.time() - span)
+    create_topic(args.bootstrap_servers, args.topic, spec.key_groups)
+    total = args.records * spec.key_groups
+    written = fill_topic(
+        args.bootstrap_servers, args.topic, generator, start=args.start,
+        stop=args.start + args.records,
+        progress=lambda n: console.print(f"{n}/{total} records", end="\r"),
+    )  # fmt: skip
+    console.print(f"wrote {written} records to {args.topic} ({spec.key_groups} partitions)")
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:

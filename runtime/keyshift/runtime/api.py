@@ -4,7 +4,8 @@ A job is a plain function ``process(record, ctx)`` called once per record, with
 the record's key current in ``ctx``.  Keyed state is declared up front, by name,
 with :class:`ValueState`, :class:`MapState` and :class:`ListState`; inside the
 function ``ctx.state(descriptor)`` gives the handle scoped to the current key.
-Outputs go to ``ctx.emit(value)``.  Example (``examples/counter.py``)::
+Outputs go to ``ctx.emit(value)``, or to a named side output with
+``ctx.emit(value, output="late")``.  Example (``examples/counter.py``)::
 
     count = ValueState("count", int, default=0)
 
@@ -235,7 +236,10 @@ class Context(Protocol):
     @property
     def offset(self) -> int: ...
     def state(self, spec: StateSpec[H]) -> H: ...
-    def emit(self, value: Any) -> None: ...
+    def emit(self, value: Any, output: str | None = None) -> None:
+        """Send ``value`` to the sink, or to the side output named ``output``."""
+        ...
+
     @property
     def timestamp(self) -> int | None:
         """The current record's event time (ms); in ``on_timer``, the timer's time."""
@@ -268,6 +272,9 @@ class Job(Generic[R]):
     its state changes, outputs and timer changes are committed like a record's."""
     timestamp: Callable[[R], int] | None = None
     """The event time (unix ms) of a record; omitted: the source's own event time."""
+    decode: Callable[[bytes], R] | None = None
+    """Turns a Kafka record's value into the record ``process`` gets (omitted: the
+    source's ``format``); if it raises, the record is poison (``onPoison``)."""
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.states]

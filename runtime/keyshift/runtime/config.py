@@ -34,8 +34,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
     StringConstraints,
+    Tag,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -160,7 +162,7 @@ class GeneratorSource(Model):
     """The deterministic generator: record ``(kg, offset)`` depends on the seed only."""
 
     type: Literal["generator"] = "generator"
-    """The source type; ``generator`` is the only one so far."""
+    """The source type."""
     seed: int = 0
     """Seed of the generated records."""
     keys: int = Field(default=10_000, ge=1)
@@ -191,6 +193,75 @@ class TimeSpec(Model):
     (minus this timeout and ``outOfOrderness``)."""
 
 
+_SECRET_PROPERTY = re.compile(r"password|secret|private", re.IGNORECASE)
+
+
+def _no_secret_properties(properties: dict[str, str]) -> dict[str, str]:
+    secret = sorted(k for k in properties if _SECRET_PROPERTY.search(k))
+    if secret:
+        raise ValueError(
+            f"Kafka properties {secret} hold secrets: put them in a Secret and give them to "
+            "the workers as KEYSHIFT_KAFKA_<PROPERTY> environment variables (e.g. "
+            "KEYSHIFT_KAFKA_SASL_PASSWORD for sasl.password) through spec.env"
+        )
+    return properties
+
+
+class KafkaClient(Model):
+    """How to reach a Kafka cluster."""
+
+    bootstrap_servers: str = Field(min_length=1)
+    """``host:port[,host:port...]`` of the Kafka brokers."""
+    properties: dict[str, str] = Field(default_factory=dict)
+    """Extra librdkafka client properties (``security.protocol``, ``sasl.mechanism``,
+    ...), without secrets: those come from ``KEYSHIFT_KAFKA_<PROPERTY>`` variables."""
+
+    _check_properties = field_validator("properties")(_no_secret_properties)
+
+
+class KafkaSource(KafkaClient):
+    """A Kafka topic: one key group per partition, read from the position committed
+    with the state (never from Kafka's consumer-group offsets)."""
+
+    type: Literal["kafka"] = "kafka"
+    """The source type."""
+    topic: str = Field(min_length=1, max_length=249)
+    """The input topic; its partition count must equal ``keyGroups``."""
+    format: Literal["json", "msgpack", "string", "bytes"] = "json"
+    """How record values are decoded, unless the job has its own ``decode``."""
+    max_record_bytes: int = Field(default=1024 * 1024, ge=1)
+    """A record whose key and value together are larger is poison."""
+    on_poison: Literal["fail", "skip", "dead-letter"] = "fail"
+    """What a record that cannot be decoded (or is too large) does: ``fail`` stops its
+    key group, ``skip`` counts and skips it, ``dead-letter`` writes its original bytes
+    and the error to ``deadLetterTopic`` and goes on."""
+    dead_letter_topic: str | None = Field(default=None, min_length=1, max_length=249)
+    """Where poison records go with ``onPoison: dead-letter``."""
+    fetch_max_records: int = Field(default=10_000, ge=100)
+    """Records a worker buffers per key group ahead of processing."""
+
+    @model_validator(mode="after")
+    def _check_dead_letter(self) -> KafkaSource:
+        if self.on_poison == "dead-letter" and not self.dead_letter_topic:
+            raise ValueError("source.onPoison dead-letter needs source.deadLetterTopic")
+        return self
+
+
+class KafkaSink(KafkaClient):
+    """A Kafka topic; every output carries its origin in headers (``keyshift-key-group``,
+    ``keyshift-offset``, ``keyshift-index``), so a consumer can deduplicate."""
+
+    type: Literal["kafka"] = "kafka"
+    """The sink type."""
+    topic: str = Field(min_length=1, max_length=249)
+    """The output topic."""
+    format: Literal["json", "msgpack"] = "json"
+    """How output values are encoded."""
+    flush_timeout: Seconds = 30.0
+    """How long a checkpoint waits for the broker to acknowledge outputs before it
+    retries (the state is not committed until it has)."""
+
+
 class LogSink(Model):
     """Outputs as JSON lines, to a file or standard output."""
 
@@ -207,6 +278,22 @@ class NullSink(Model):
 
     type: Literal["null"] = "null"
     """The sink type."""
+
+
+SinkSpec = Annotated[LogSink | NullSink | KafkaSink, Field(discriminator="type")]
+
+
+def _source_type(data: Any) -> str:
+    """A source without ``type`` is the generator."""
+    found = data.get("type") if isinstance(data, dict) else getattr(data, "type", None)
+    return str(found or "generator")
+
+
+SourceSpec = Annotated[
+    Annotated[GeneratorSource, Tag("generator")] | Annotated[KafkaSource, Tag("kafka")],
+    Discriminator(_source_type),
+]
+_OUTPUT_NAME = r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$"
 
 
 class StateStoreSpec(Model):
@@ -365,12 +452,13 @@ class StreamJobSpec(Model):
     parallelism: int = Field(default=1, ge=1)
     """Number of workers (at most ``keyGroups``); ``kubectl scale`` sets it, and so does
     the autoscaler when enabled."""
-    source: GeneratorSource = Field(default_factory=GeneratorSource)
-    """Where records come from."""
-    sink: Annotated[LogSink | NullSink, Field(discriminator="type")] = Field(
-        default_factory=NullSink
-    )
-    """Where outputs go (``type``: ``log`` or ``null``)."""
+    source: SourceSpec = Field(default_factory=GeneratorSource)
+    """Where records come from (``type``: ``generator`` or ``kafka``)."""
+    sink: SinkSpec = Field(default_factory=NullSink)
+    """Where outputs go (``type``: ``log``, ``kafka`` or ``null``)."""
+    side_outputs: dict[str, SinkSpec] = Field(default_factory=dict)
+    """Sinks of named side outputs (``ctx.emit(value, output="late")``); outputs to a name
+    not configured here are counted (``keyshift_side_output_records_total``) and dropped."""
     state_store: StateStoreSpec = Field(default_factory=StateStoreSpec)
     """The remote state store."""
     checkpoint_interval: Seconds = 1.0
@@ -404,6 +492,24 @@ class StreamJobSpec(Model):
     """Extra labels of the worker pods."""
     pod_annotations: dict[str, str] = Field(default_factory=dict)
     """Extra annotations of the worker pods."""
+
+    @property
+    def generator(self) -> GeneratorSource:
+        """The source, which must be the generator (tests and tools that compute results)."""
+        if not isinstance(self.source, GeneratorSource):
+            raise ValueError(f"the job's source is {self.source.type!r}, not the generator")
+        return self.source
+
+    @field_validator("side_outputs")
+    @classmethod
+    def _check_output_names(cls, outputs: dict[str, Any]) -> dict[str, Any]:
+        bad = sorted(name for name in outputs if not re.match(_OUTPUT_NAME, name))
+        if bad:
+            raise ValueError(
+                f"side output names {bad} are not valid: use lowercase letters, digits, '-' "
+                "and '_' (at most 63 characters, starting and ending with a letter or digit)"
+            )
+        return outputs
 
     @model_validator(mode="after")
     def _check(self) -> StreamJobSpec:

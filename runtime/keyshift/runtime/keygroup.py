@@ -24,8 +24,8 @@ from keyshift.runtime.api import Job, decode_key, encode_key
 from keyshift.runtime.cache import CacheMiss, StateCache
 from keyshift.runtime.faults import crash_point
 from keyshift.runtime.metrics import WorkerMetrics
-from keyshift.runtime.sinks import Sink
-from keyshift.runtime.sources.generator import Generator
+from keyshift.runtime.sinks import Outputs, SinkUnavailable
+from keyshift.runtime.sources import Poison, Source, SourceBatch
 from keyshift.runtime.store import WorkerStore
 from keyshift.runtime.timers import (
     END_OF_TIME,
@@ -75,12 +75,13 @@ class RuntimeDeps:
     job: Job[Any]
     store: WorkerStore
     cache: StateCache
-    sink: Sink
-    source: Generator
+    outputs: Outputs
+    source: Source
     metrics: WorkerMetrics
     checkpoint_interval: float
     batch_size: int
     error_policy: Literal["fail", "skip"]
+    on_poison: Literal["fail", "skip", "dead-letter"] = "fail"
     out_of_orderness: float = 0.0
     idle_timeout: float = 10.0
 
@@ -166,8 +167,8 @@ class RecordContext:
             handle = self._handles[spec] = spec.bind(self)
         return handle
 
-    def emit(self, value: Any) -> None:
-        self._outputs.append(value)
+    def emit(self, value: Any, output: str | None = None) -> None:
+        self._outputs.append((output, value))
 
     @property
     def timestamp(self) -> int | None:
@@ -206,6 +207,17 @@ class UserFunctionError(Exception):
         )
 
 
+class PoisonRecordError(Exception):
+    """A record that cannot be decoded stopped its key group (``onPoison: fail``)."""
+
+    def __init__(self, poison: Poison) -> None:
+        self.key_group = poison.key_group
+        self.offset = poison.offset
+        super().__init__(
+            f"poison record at key group {poison.key_group} offset {poison.offset}: {poison.error}"
+        )
+
+
 class KeyGroupRunner:
     def __init__(self, deps: RuntimeDeps, claim: Claim) -> None:
         self.deps = deps
@@ -215,7 +227,7 @@ class KeyGroupRunner:
         self.seq = claim.seq
         self.position = claim.position
         self.committed_position = claim.position
-        self.failed: UserFunctionError | None = None
+        self.failed: UserFunctionError | PoisonRecordError | None = None
         self.release_generation: int | None = None
         self.stopping = False
         self._wake = asyncio.Event()
@@ -271,7 +283,7 @@ class KeyGroupRunner:
                         await self._wait(None)
                         continue
                     await self._step()
-                except StoreUnavailable as exc:
+                except (StoreUnavailable, SinkUnavailable) as exc:
                     log.warning("key group %d: %s; retrying", kg, exc)
                     await self._wait(1.0)
         except Fenced as fenced:
@@ -283,6 +295,7 @@ class KeyGroupRunner:
             deps.cache.drop(kg)
             raise
         finally:
+            deps.source.unassign(kg)
             deps.metrics.forget_key_group(kg)
             if self.failed is not None:
                 deps.metrics.key_groups_failed.dec()
@@ -299,7 +312,7 @@ class KeyGroupRunner:
                 self.timers.load(queue, found)
             self._timers_loaded = True
         end = deps.source.available(kg, now)
-        deps.metrics.source(kg, end, self.position)
+        deps.metrics.source(kg, deps.source.end_offset(kg, now), self.position)
         due = time.monotonic() - self._last_checkpoint >= deps.checkpoint_interval
         if self.position >= end:
             exhausted = deps.source.exhausted(kg, self.position)
@@ -337,12 +350,16 @@ class KeyGroupRunner:
                 return
         else:
             waited_timers = 0.0
-        records = deps.source.read(kg, self.position, stop)
-        keys = [deps.job.key_by(r) for r in records]
+        batch = deps.source.read_batch(kg, self.position, stop)
+        key_by = deps.job.key_by
+        if batch.has_poison:
+            keys = [None if isinstance(r, Poison) else key_by(r) for r in batch.records]
+        else:
+            keys = [key_by(r) for r in batch.records]
         key_bytes = [encode_key(k) for k in keys]
         waited = await self._load(key_bytes)
         try:
-            done = self._process(records, keys, key_bytes)
+            done = self._process(batch, keys, key_bytes)
         finally:
             busy = time.perf_counter() - started - waited - waited_timers
             deps.metrics.busy_seconds.inc(max(0.0, busy))
@@ -368,15 +385,13 @@ class KeyGroupRunner:
         deps.metrics.cache_counts(cache.hits, cache.misses)
         return waited
 
-    def _process(
-        self, records: Sequence[Any], keys: Sequence[Hashable], key_bytes: list[bytes]
-    ) -> int:
+    def _process(self, batch: SourceBatch, keys: Sequence[Hashable], key_bytes: list[bytes]) -> int:
         deps = self.deps
         kg = self.key_group
         ctx = self._ctx
         process = deps.job.process
         cache = deps.cache
-        emit = deps.sink.emit
+        outputs = deps.outputs
         offset = self.position
         done = 0
         deadline = time.perf_counter() + BATCH_SECONDS
@@ -385,11 +400,27 @@ class KeyGroupRunner:
         watermark = self.watermark
         timers = self.timers
         event_time: int | None = None
+        records = batch.records
+        offsets = batch.offsets
+        timestamps = batch.timestamps
         for i, record in enumerate(records):
             if i and not i % 16 and time.perf_counter() > deadline:
                 break  # the rest next step: other key groups and the watcher get the loop
+            if offsets is not None:
+                offset = offsets[i]
+            if batch.has_poison and isinstance(record, Poison):
+                if not self._poison(record):
+                    break
+                offset += 1
+                done += 1
+                continue
             if timed:
-                event_time = timestamp(record) if timestamp else deps.source.event_time(kg, offset)
+                if timestamp is not None:
+                    event_time = timestamp(record)
+                elif timestamps is not None:
+                    event_time = timestamps[i]
+                else:
+                    event_time = deps.source.event_time(kg, offset)
             ctx.begin(keys[i], key_bytes[i], offset, event_time)
             try:
                 process(record, ctx)
@@ -414,8 +445,8 @@ class KeyGroupRunner:
             kb = key_bytes[i]
             for state, value in ctx._pending.items():
                 cache.put(kg, state, kb, value)
-            for value in ctx._outputs:
-                emit(kg, offset, value)
+            if ctx._outputs:
+                outputs.emit_all(kg, offset, ctx._key, ctx._outputs)
             if ctx._timers.ops:
                 ctx._timers.apply(timers, kb)
             offset += 1
@@ -427,9 +458,31 @@ class KeyGroupRunner:
                     self.position = offset
                     if not self._fire(EVENT_TIME, watermark.value):
                         break
+        if done == len(records):
+            offset = max(offset, batch.next_position)
         self.position = offset
         self.records_processed += done
         return done
+
+    def _poison(self, poison: Poison) -> bool:
+        """Apply ``onPoison`` to an undecodable record; False: the key group stops."""
+        deps = self.deps
+        policy = deps.on_poison
+        if policy == "fail":
+            self.failed = PoisonRecordError(poison)
+            deps.metrics.key_groups_failed.inc()
+            log.error("%s; key group %d stopped (onPoison fail)", self.failed, self.key_group)
+            return False
+        deps.metrics.poison_records.labels(**deps.metrics.labels, policy=policy).inc()
+        if policy == "dead-letter":
+            deps.outputs.dead_letter(poison)
+        log.warning(
+            "poison record (key group %d, offset %d) %s: %s",
+            poison.key_group, poison.offset,
+            "sent to the dead-letter topic" if policy == "dead-letter" else "skipped",
+            poison.error,
+        )  # fmt: skip
+        return True
 
     def _uncommitted(self) -> bool:
         return (
@@ -464,7 +517,7 @@ class KeyGroupRunner:
         kg = self.key_group
         ctx = self._ctx
         cache = deps.cache
-        emit = deps.sink.emit
+        outputs = deps.outputs
         on_timer = deps.job.on_timer
         assert on_timer is not None
         timers = self.timers
@@ -496,8 +549,8 @@ class KeyGroupRunner:
                 timers.pop_fired(queue, kb, time_ms, member)
                 for state, value in ctx._pending.items():
                     cache.put(kg, state, kb, value)
-                for value in ctx._outputs:
-                    emit(kg, self.position, value)
+                if ctx._outputs:
+                    outputs.emit_all(kg, self.position, key, ctx._outputs)
                 if ctx._timers.ops:
                     ctx._timers.apply(timers, kb)
                 self.timers_fired += 1
@@ -510,7 +563,7 @@ class KeyGroupRunner:
         self._last_checkpoint = time.monotonic()
         if not self._uncommitted():
             return
-        await deps.sink.flush()
+        await deps.outputs.flush(kg)
         puts, deletes = deps.cache.dirty_changes(kg)
         timer_changes = self.timers.changes()
         watermark = self.watermark.value

@@ -69,6 +69,18 @@ class WorkerMetrics:
             labels,
             registry=r,
         ).labels(**self.labels)
+        self.poison_records = Counter(
+            "keyshift_poison_records",
+            "Records that could not be decoded, skipped or sent to the dead-letter topic",
+            [*labels, "policy"],
+            registry=r,
+        )
+        self._side_outputs = Counter(
+            "keyshift_side_output_records",
+            "Outputs to named side outputs (late records, ...)",
+            [*labels, "output"],
+            registry=r,
+        )
         self.handoff_seconds = Histogram(
             "keyshift_handoff_duration_seconds",
             "Time from a new assignment to running it",
@@ -83,6 +95,9 @@ class WorkerMetrics:
         self._end_offset.labels(**self.labels, key_group=kg).set(end)
         self._position.labels(**self.labels, key_group=kg).set(position)
         self._lag.labels(**self.labels, key_group=kg).set(max(0, end - position))
+
+    def side_output(self, name: str, count: int) -> None:
+        self._side_outputs.labels(**self.labels, output=name).inc(count)
 
     def forget_key_group(self, key_group: int) -> None:
         kg = str(key_group)

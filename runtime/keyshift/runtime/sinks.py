@@ -3,18 +3,30 @@
 Outputs are buffered and written by :meth:`Sink.flush`, which the runtime
 calls before it commits the state of the records that produced them: an
 output is never lost, and after a crash it may be written again (a consumer
-deduplicates by origin).
+deduplicates by origin).  :class:`Outputs` routes a worker's outputs: to the
+sink, to named side outputs (``ctx.emit(value, output=name)``), and poison
+records to the dead-letter topic.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, Protocol
 
 import msgspec
 
-from keyshift.runtime.config import LogSink, NullSink
+from keyshift.runtime.config import KafkaSink, LogSink, NullSink
+from keyshift.runtime.sources import Poison
+
+
+class SinkUnavailable(Exception):
+    """Outputs could not be delivered yet (the state is not committed: retried)."""
+
+
+class OutputsLost(Exception):
+    """The sink gave up on outputs of a key group: it must replay from its last commit."""
 
 
 class Output(msgspec.Struct, frozen=True, gc=False):
@@ -24,8 +36,19 @@ class Output(msgspec.Struct, frozen=True, gc=False):
 
 
 class Sink(Protocol):
-    def emit(self, key_group: int, offset: int, value: Any) -> None: ...
-    async def flush(self) -> None: ...
+    def emit(self, key_group: int, offset: int, value: Any, key: Any = None) -> None:
+        """Buffer one output of record ``(key_group, offset)`` whose key is ``key``."""
+        ...
+
+    async def flush(self, key_group: int) -> None:
+        """Deliver at least everything ``key_group`` emitted, or raise
+        (:class:`SinkUnavailable`: retry)."""
+        ...
+
+    def lost(self, key_group: int) -> bool:
+        """Whether outputs of ``key_group`` failed for good since it last asked."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -35,11 +58,14 @@ class NullSinkWriter:
     def __init__(self) -> None:
         self.emitted = 0
 
-    def emit(self, key_group: int, offset: int, value: Any) -> None:
+    def emit(self, key_group: int, offset: int, value: Any, key: Any = None) -> None:
         self.emitted += 1
 
-    async def flush(self) -> None:
+    async def flush(self, key_group: int) -> None:
         return None
+
+    def lost(self, key_group: int) -> bool:
+        return False
 
     async def close(self) -> None:
         return None
@@ -56,12 +82,12 @@ class LogSinkWriter:
         self._owned = path is not None
         self.emitted = 0
 
-    def emit(self, key_group: int, offset: int, value: Any) -> None:
+    def emit(self, key_group: int, offset: int, value: Any, key: Any = None) -> None:
         self._buffer += self._encoder.encode(Output(key_group, offset, value))
         self._buffer += b"\n"
         self.emitted += 1
 
-    async def flush(self) -> None:
+    async def flush(self, key_group: int = 0) -> None:
         if not self._buffer:
             return
         self._file.write(self._buffer)
@@ -70,13 +96,85 @@ class LogSinkWriter:
             os.fsync(self._file.fileno())
         self._buffer.clear()
 
+    def lost(self, key_group: int) -> bool:
+        return False
+
     async def close(self) -> None:
         await self.flush()
         if self._owned:
             self._file.close()
 
 
-def open_sink(spec: LogSink | NullSink) -> Sink:
+def open_sink(spec: LogSink | NullSink | KafkaSink) -> Sink:
     if isinstance(spec, LogSink):
         return LogSinkWriter(spec.path, fsync=spec.fsync)
+    if isinstance(spec, KafkaSink):
+        from keyshift.runtime.kafka import KafkaSinkWriter  # confluent-kafka only when used
+
+        return KafkaSinkWriter(spec)
     return NullSinkWriter()
+
+
+class DeadLetters(Protocol):
+    """Where poison records go (``onPoison: dead-letter``): their bytes and the error."""
+
+    def send(self, poison: Poison) -> None: ...
+    async def flush(self, key_group: int) -> None: ...
+    def lost(self, key_group: int) -> bool: ...
+    async def close(self) -> None: ...
+
+
+class Outputs:
+    """A worker's outputs: the sink, the named side outputs and the dead letters.
+
+    A side output without a configured sink is only counted (``count_side``).
+    """
+
+    def __init__(
+        self,
+        sink: Sink,
+        side: Mapping[str, Sink] | None = None,
+        dead_letters: DeadLetters | None = None,
+        count_side: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.sink = sink
+        self.side = dict(side or {})
+        self.dead_letters = dead_letters
+        self._count_side = count_side
+
+    def emit_all(
+        self, key_group: int, offset: int, key: Any, outputs: Sequence[tuple[str | None, Any]]
+    ) -> None:
+        """The outputs of one record (or timer): ``(side output name or None, value)``."""
+        for name, value in outputs:
+            if name is None:
+                self.sink.emit(key_group, offset, value, key)
+                continue
+            if self._count_side is not None:
+                self._count_side(name, 1)
+            side = self.side.get(name)
+            if side is not None:
+                side.emit(key_group, offset, value, key)
+
+    def dead_letter(self, poison: Poison) -> None:
+        if self.dead_letters is None:
+            raise RuntimeError("onPoison dead-letter without a dead-letter topic")
+        self.dead_letters.send(poison)
+
+    async def flush(self, key_group: int) -> None:
+        """Deliver every buffered output before a commit of ``key_group``; raise
+        :class:`OutputsLost` if some of its outputs failed for good."""
+        sinks: list[Sink | DeadLetters] = [self.sink, *self.side.values()]
+        if self.dead_letters is not None:
+            sinks.append(self.dead_letters)
+        for sink in sinks:
+            await sink.flush(key_group)
+        if any([sink.lost(key_group) for sink in sinks]):  # a list: ask every sink
+            raise OutputsLost(f"outputs of key group {key_group} were not delivered")
+
+    async def close(self) -> None:
+        await self.sink.close()
+        for side in self.side.values():
+            await side.close()
+        if self.dead_letters is not None:
+            await self.dead_letters.close()

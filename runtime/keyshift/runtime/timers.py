@@ -133,9 +133,12 @@ class TimerTable:
             self._remove_member(queue, member)
 
     def _remove_member(self, queue: str, member: bytes) -> None:
-        # the heap entry stays; it is skipped as stale when it comes up
-        if self._adds[queue].pop(member, None) is None:
-            self._removes[queue].add(member)
+        # the heap entry stays; it is skipped as stale when it comes up.  The removal is
+        # always committed: the member may be in the store even if it was also added
+        # since the last commit (delete, register, delete); removing one that is not
+        # stored is a no-op there.
+        self._adds[queue].pop(member, None)
+        self._removes[queue].add(member)
 
     def _live(self, queue: str, entry: tuple[int, bytes, bytes]) -> bool:
         time, key_bytes, member = entry

@@ -27,12 +27,13 @@ from typing import Any
 from keyshift.runtime.aio import wait_event
 from keyshift.runtime.api import Job
 from keyshift.runtime.cache import StateCache
-from keyshift.runtime.config import WorkerSettings
+from keyshift.runtime.config import GeneratorSource, WorkerSettings
 from keyshift.runtime.faults import crash_point
 from keyshift.runtime.handoff import may_claim, stale_claims
 from keyshift.runtime.keygroup import KeyGroupRunner, Outcome, RunnerResult, RuntimeDeps
 from keyshift.runtime.metrics import WorkerMetrics
-from keyshift.runtime.sinks import Sink, open_sink
+from keyshift.runtime.sinks import DeadLetters, Outputs, Sink, open_sink
+from keyshift.runtime.sources import Source
 from keyshift.runtime.sources.generator import Generator
 from keyshift.runtime.store import WorkerStore
 from keyshift.store.protocol import Assignment, Fenced, StoreError, StoreUnavailable
@@ -62,6 +63,7 @@ class Worker:
         self.ordinal = settings.ordinal
         self.job_name = settings.job
         self.sink = sink if sink is not None else open_sink(settings.spec.sink)
+        self.source: Source | None = None
         self.metrics = metrics or WorkerMetrics(self.job_name, self.name)
         self.cache = StateCache(settings.spec.state_store.cache_bytes)
         self.assignment_poll_seconds = assignment_poll_seconds
@@ -90,10 +92,21 @@ class Worker:
         return sorted(kg for kg, r in self.runners.items() if r.failed is not None)
 
     @property
+    def source_problem(self) -> str | None:
+        """Why the source cannot deliver records now, e.g. Kafka unreachable."""
+        if self.source is None:
+            return "source not open yet"
+        return self.source.problem()
+
+    @property
     def ready(self) -> bool:
-        """Connected to the store and running the current generation."""
+        """Connected to the store and the source, and running the current generation."""
         current = self.assignment
-        return self.connected and (current is None or self.acked_generation >= current.generation)
+        return (
+            self.connected
+            and self.source_problem is None
+            and (current is None or self.acked_generation >= current.generation)
+        )
 
     def health(self) -> dict[str, Any]:
         runners = list(self.runners.items())  # one step under the GIL: the HTTP thread reads
@@ -102,6 +115,8 @@ class Worker:
             "status": "degraded" if failed else "ok",
             "worker": self.name,
             "connected": self.connected,
+            "source": self.source_problem or "ok",
+            "source_notice": None if self.source is None else self.source.notice(),
             "generation": self.acked_generation,
             "assignment_generation": (
                 None if self.assignment is None else self.assignment.generation
@@ -126,17 +141,19 @@ class Worker:
                 f"job {self.job_name!r} has {info.key_groups} key groups in the store but "
                 f"{spec.key_groups} in its spec; the count is fixed for the life of a job"
             )
+        self.source = await self._open_source(info.created_at)
         self._deps = RuntimeDeps(
             job_name=self.job_name,
             job=self.job,
             store=self.store,
             cache=self.cache,
-            sink=self.sink,
-            source=Generator(spec.source, spec.key_groups, info.created_at),
+            outputs=self._open_outputs(),
+            source=self.source,
             metrics=self.metrics,
             checkpoint_interval=spec.checkpoint_interval,
             batch_size=spec.batch_size,
             error_policy=spec.error_policy,
+            on_poison="fail" if isinstance(spec.source, GeneratorSource) else spec.source.on_poison,
             out_of_orderness=spec.time.out_of_orderness,
             idle_timeout=spec.time.idle_timeout,
         )
@@ -165,6 +182,30 @@ class Worker:
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     log.warning("%s ended with %r", task.get_name(), task.exception())
 
+    async def _open_source(self, created_at: float) -> Source:
+        spec = self.settings.spec
+        if isinstance(spec.source, GeneratorSource):
+            return Generator(spec.source, spec.key_groups, created_at)
+        from keyshift.runtime.kafka import KafkaRecordSource  # confluent-kafka only when used
+
+        source = KafkaRecordSource(
+            spec.source, spec.key_groups, group_id=f"keyshift-{self.job_name}",
+            decode=self.job.decode,
+        )  # fmt: skip
+        self.source = source  # its problem() tells /readyz and /healthz while it connects
+        await source.open()
+        return source
+
+    def _open_outputs(self) -> Outputs:
+        spec = self.settings.spec
+        dead_letters: DeadLetters | None = None
+        if not isinstance(spec.source, GeneratorSource) and spec.source.on_poison == "dead-letter":
+            from keyshift.runtime.kafka import KafkaDeadLetters
+
+            dead_letters = KafkaDeadLetters(spec.source)
+        side = {name: open_sink(sink) for name, sink in spec.side_outputs.items()}
+        return Outputs(self.sink, side, dead_letters, self.metrics.side_output)
+
     async def _shutdown(self) -> None:
         for task in self._claimers.values():
             task.cancel()
@@ -177,7 +218,12 @@ class Worker:
                 log.error("at shutdown: %s: %s", type(result).__name__, result)
         self.runners.clear()
         self._tasks.clear()
-        await self.sink.close()
+        if self._deps is not None:
+            await self._deps.outputs.close()
+        else:
+            await self.sink.close()
+        if self.source is not None:
+            await self.source.close()
 
     async def _watch(self) -> None:
         while not self._stop.is_set():
@@ -319,6 +365,7 @@ class Worker:
                         self._forced_done.add((assignment.generation, kg))
                         self._force_next.discard(kg)
                         self.cache.drop(kg)
+                        self._deps.source.assign(kg, claim.position)
                         runner = KeyGroupRunner(self._deps, claim)
                         self.runners[kg] = runner
                         task = asyncio.create_task(runner.run(), name=f"key-group-{kg}")

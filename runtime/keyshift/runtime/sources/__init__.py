@@ -1,1 +1,89 @@
-"""Sources: where a worker's records come from, per key group and offset."""
+"""Sources: where a worker's records come from, per key group and offset.
+
+A source serves each key group as an ordered log: :meth:`Source.read_batch` returns the
+records from a position on, with their offsets, and the position after them.  The
+runtime commits that position with the state, so a key group resumes where its
+last commit left it, on any worker.  Two sources exist: the deterministic
+:mod:`generator <keyshift.runtime.sources.generator>` and :mod:`Kafka
+<keyshift.runtime.sources.kafka>` (one key group per partition).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Poison:
+    """A record that cannot be given to the job: undecodable, rejected by the job's
+    decoder, or over the size limit.  What happens to it is the source's
+    ``onPoison`` policy (``fail``, ``skip`` or ``dead-letter``)."""
+
+    key_group: int
+    offset: int
+    error: str
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceBatch:
+    """Records of one key group, in order, and where reading goes on after them."""
+
+    records: Sequence[Any]
+    """The records; a :class:`Poison` stands in for one that could not be decoded."""
+    offsets: Sequence[int] | None
+    """Each record's offset; ``None``: consecutive from the position read at."""
+    timestamps: Sequence[int] | None
+    """Each record's event time from the source (unix ms), if it has one."""
+    next_position: int
+    """The position after the batch (the last offset + 1)."""
+    has_poison: bool = False
+
+
+class Source(Protocol):
+    """What a key group's runner reads through.  Every method is non-blocking."""
+
+    def available(self, kg: int, now: float) -> int:
+        """Records before this position can be read now."""
+        ...
+
+    def end_offset(self, kg: int, now: float) -> int:
+        """The end of the key group's log as far as known (for lag): ``>= available``."""
+        ...
+
+    def exhausted(self, kg: int, position: int) -> bool:
+        """A bounded input ended at ``position``: nothing more will come."""
+        ...
+
+    def when_available(self, kg: int, offset: int, now: float) -> float:
+        """A unix time at which ``offset`` may be readable (a hint for waiting)."""
+        ...
+
+    def read_batch(self, kg: int, start: int, stop: int) -> SourceBatch:
+        """Records from ``start`` on, up to (not including) offset ``stop``."""
+        ...
+
+    def event_time(self, kg: int, offset: int) -> int:
+        """The source's event time of a record (unix ms) when the batch has none."""
+        ...
+
+    def assign(self, kg: int, position: int) -> None:
+        """This worker now reads ``kg`` from ``position`` (after a claim)."""
+        ...
+
+    def unassign(self, kg: int) -> None:
+        """This worker no longer reads ``kg`` (released, fenced or stopped)."""
+        ...
+
+    def problem(self) -> str | None:
+        """Why the source cannot deliver records now (``None``: it can)."""
+        ...
+
+    def notice(self) -> str | None:
+        """Something the user should know that does not stop the source."""
+        ...
+
+    async def close(self) -> None: ...

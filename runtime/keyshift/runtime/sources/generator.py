@@ -19,6 +19,7 @@ import math
 import msgspec
 
 from keyshift.runtime.config import GeneratorSource, RateSpec
+from keyshift.runtime.sources import SourceBatch
 
 MASK64 = (1 << 64) - 1
 UNBOUNDED = 1 << 62
@@ -122,8 +123,29 @@ class Generator:
             return limit
         return min(limit, int(total // self.key_groups))
 
+    def end_offset(self, kg: int, now: float) -> int:
+        return self.available(kg, now)
+
     def exhausted(self, kg: int, position: int) -> bool:
         return self.spec.limit is not None and position >= self.spec.limit
+
+    def assign(self, kg: int, position: int) -> None:
+        return None  # any worker computes any record: nothing to set up
+
+    def unassign(self, kg: int) -> None:
+        return None
+
+    def problem(self) -> str | None:
+        return None
+
+    def notice(self) -> str | None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    def read_batch(self, kg: int, start: int, stop: int) -> SourceBatch:
+        return SourceBatch(self.read(kg, start, stop), None, None, max(start, stop))
 
     def when_available(self, kg: int, offset: int, now: float) -> float:
         """A unix time at or before which offset ``offset`` of ``kg`` will exist (a hint)."""
