@@ -362,6 +362,18 @@ async def test_a_worker_is_not_ready_until_kafka_is_reachable(
             return worker.get("/readyz").status_code == 200
 
         await wait_for(is_ready, 10, "the worker to be ready")
+        # the broker goes away: the worker says so and is not ready until it is back
+        broker.stop()
+        await wait_for(says_unreachable, 30, "/healthz to say Kafka is unreachable again")
+        assert worker.get("/readyz").status_code == 503
+        broker.start()  # memory storage: a new, empty broker
+
+        async def says_topic_missing() -> bool:
+            return f"Kafka topic '{job}-in'" in worker.get("/healthz").json()["source"]
+
+        await wait_for(says_topic_missing, 30, "/healthz to say the topic is missing")
+        broker.create_topic(f"{job}-in", k)
+        await wait_for(is_ready, 30, "the worker to be ready again")
     finally:
         broker.stop()
         await store.close()

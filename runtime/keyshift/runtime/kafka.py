@@ -105,6 +105,15 @@ def check_partitions(topic: str, partitions: int, key_groups: int) -> None:
         )
 
 
+def _metadata_problem(exc: KafkaException) -> str:
+    """What a failed metadata request says: the broker is unreachable, or the topic is
+    missing (the exception's argument is then our own message)."""
+    cause = exc.args[0] if exc.args else None
+    if isinstance(cause, str):
+        return cause
+    return f"Kafka unreachable: {cause.str() if isinstance(cause, KafkaError) else exc}"
+
+
 def partition_change(topic: str, partitions: int, key_groups: int) -> str | None:
     """What to tell the user when a running job's topic no longer has ``key_groups``
     partitions (it keeps reading the ones it started with)."""
@@ -184,7 +193,7 @@ class KafkaRecordSource:
                 partitions = await asyncio.to_thread(self._partition_count, 5.0)
                 break
             except KafkaException as exc:
-                self._problem = f"Kafka unreachable: {exc.args[0]}"
+                self._problem = _metadata_problem(exc)
                 log.warning("%s; retrying in %.1fs", self._problem, delay)
                 await asyncio.sleep(delay)
                 delay = min(backoff_max, delay * 2)
@@ -197,7 +206,7 @@ class KafkaRecordSource:
         topic = metadata.topics.get(self.topic)
         if topic is None or topic.error is not None:
             error = topic.error if topic is not None else "not found"
-            raise KafkaException(f"topic {self.topic!r}: {error}")
+            raise KafkaException(f"Kafka topic {self.topic!r}: {error}")
         return len(topic.partitions)
 
     async def close(self) -> None:
@@ -288,7 +297,7 @@ class KafkaRecordSource:
         try:
             partitions = self._partition_count(2.0)
         except KafkaException as exc:
-            self._problem = f"Kafka unreachable: {exc.args[0]}"
+            self._problem = _metadata_problem(exc)
             return
         self._problem = None
         notice = partition_change(self.topic, partitions, self.key_groups)
