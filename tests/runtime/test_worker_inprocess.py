@@ -208,3 +208,72 @@ async def test_a_commit_the_store_lost_is_redone_from_the_stored_position() -> N
         expected = counter_state_encoded(m.spec.generator, k, kg, limit)
         for state in ("count", "total"):
             assert store.state("inproc", kg, state) == expected[state]
+
+
+class LosingSink:
+    """Collects outputs; reports the outputs of one key group lost, once, at its third
+    flush (as a Kafka producer that gave up on a delivery would)."""
+
+    def __init__(self, lose: int) -> None:
+        self.lose = lose
+        self.flushes = 0
+        self.lost_once = False
+        self.outputs: list[tuple[int, int, Any]] = []
+
+    def emit(self, key_group: int, offset: int, value: Any, key: Any = None) -> None:
+        self.outputs.append((key_group, offset, value))
+
+    async def flush(self, key_group: int) -> None:
+        if key_group == self.lose:
+            self.flushes += 1
+
+    def lost(self, key_group: int) -> bool:
+        if key_group == self.lose and self.flushes == 3 and not self.lost_once:
+            self.lost_once = True
+            return True
+        return False
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_outputs_the_sink_lost_are_replayed_from_the_last_commit() -> None:
+    """The sink reports outputs of key group 1 lost before a commit: that commit does
+    not happen, the key group is claimed again and replays from its last commit.  The
+    state is exact and every record's output is there (some twice)."""
+    k, limit = 2, 3000
+    m = manifest(k, limit, batchSize=200)
+    m = m.model_copy(
+        update={"spec": m.spec.model_copy(update={"source": m.spec.generator.model_copy(
+            update={"rate": RateSpec(records_per_second=20_000)})})}
+    )  # fmt: skip
+    store = MemoryStore()
+    await store.init_job("inproc", k)
+    await store.publish_assignment(
+        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
+    )
+    sink = LosingSink(lose=1)
+    worker = Worker(
+        settings_from(m, ordinal=0, store_url="memory://"), counter_job, store, sink=sink
+    )
+    task = asyncio.create_task(worker.run())
+    try:
+
+        async def done() -> bool:
+            return await positions(store, k) == [limit] * k
+
+        await eventually(done, "every record after the replay")
+    finally:
+        worker.stop()
+        async with asyncio.timeout(30):
+            await task
+    assert sink.lost_once
+    assert (await store.key_group_info("inproc", 1)).epoch == 2  # claimed again
+    assert (await store.key_group_info("inproc", 0)).epoch == 1  # not touched
+    for kg in range(k):
+        expected = counter_state_encoded(m.spec.generator, k, kg, limit)
+        for state in ("count", "total"):
+            assert store.state("inproc", kg, state) == expected[state]
+    origins = [(kg, offset) for kg, offset, _ in sink.outputs]
+    assert set(origins) == {(kg, o) for kg in range(k) for o in range(limit)}
+    assert len(origins) > k * limit  # the replayed ones twice
