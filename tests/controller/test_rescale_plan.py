@@ -178,3 +178,13 @@ def test_decide_follows_the_desired_parallelism() -> None:
     r = decide("j", K, a, ready, Desired(5, "autoscaler"), now=0.0, failover_after=3)
     assert r is not None
     assert (r.reason, r.to_parallelism, r.start_workers) == ("autoscaler", 5, [2, 3, 4])
+
+
+def test_decide_no_failover_of_workers_still_recovering_from_a_store_outage() -> None:
+    """The store was down until t=100: both workers were not ready since t=50; worker 0
+    is back first.  Worker 1 gets ``failover_after`` from the store's return."""
+    a = Assignment(5, 2, plan_assignment(K, 2))
+    workers = {0: info(0, True), 1: info(1, False, 50.0)}
+    assert decide("j", K, a, workers, Desired(2), 102.9, 3, store_ok_since=100.0) is None
+    r = decide("j", K, a, workers, Desired(2), 103.0, 3, store_ok_since=100.0)
+    assert r is not None and r.reason == "failover"

@@ -71,9 +71,16 @@ class Controller:
         )  # fmt: skip
         self.assignment: Assignment | None = None
         self.last_error: str | None = None
+        self.store_ok_since: float = clock()
+        """When the controller last regained the store (or started): failover waits."""
+        self._store_down = False
 
     async def tick(self) -> None:
         self.assignment = await self.store.get_assignment(self.job)
+        if self._store_down:
+            self._store_down = False
+            self.store_ok_since = self.clock()
+            self.on_event("Normal", "state store reachable again")
         current = self.executor.record.current
         needed = workers_needed(self.assignment, current)
         running = await self.pool.workers()
@@ -87,7 +94,7 @@ class Controller:
         try:
             rescale = decide(
                 self.job, self.key_groups, self.assignment, running, self.desired(),
-                self.clock(), self.settings.failover_after,
+                self.clock(), self.settings.failover_after, self.store_ok_since,
             )  # fmt: skip
         except ValueError as exc:  # e.g. a desired parallelism above the key group count
             self._error(str(exc))
@@ -108,6 +115,7 @@ class Controller:
                 await self.tick()
                 self.last_error = None
             except StoreError as exc:
+                self._store_down = True
                 self._error(f"state store: {exc}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.tick_seconds)

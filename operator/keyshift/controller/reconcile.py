@@ -6,7 +6,10 @@ In order of precedence:
 2. failover: workers that own key groups and have not been ready for
    ``failover_after`` seconds lose them to the survivors (claimed by force) —
    unless no worker at all is ready, which points at a common cause (the
-   store, the network) that a failover would not cure;
+   store, the network) that a failover would not cure.  Time during which the
+   controller itself could not reach the store does not count: after a store
+   outage every worker gets ``failover_after`` seconds from the store's return
+   to be ready again (they come back one by one, not at once);
 3. rebalance: after a failover, once every worker is ready again, the plain
    ranges are restored;
 4. the desired parallelism (manual or autoscaler) differs from the current one.
@@ -30,9 +33,14 @@ class Desired:
 
 
 def lost_workers(
-    assignment: Assignment, workers: Mapping[int, WorkerInfo], now: float, failover_after: float
+    assignment: Assignment,
+    workers: Mapping[int, WorkerInfo],
+    now: float,
+    failover_after: float,
+    store_ok_since: float | None = None,
 ) -> set[int]:
-    """Owners of key groups that have not been ready for ``failover_after`` seconds."""
+    """Owners of key groups that have not been ready for ``failover_after`` seconds,
+    counted from ``store_ok_since`` at the earliest (the end of the last store outage)."""
     owners = set(assignment.owners)
     lost = set()
     for w in owners:
@@ -40,7 +48,11 @@ def lost_workers(
         if info is None or info.ready:
             continue
         since = info.not_ready_since
-        if since is not None and now - since >= failover_after:
+        if since is None:
+            continue
+        if store_ok_since is not None:
+            since = max(since, store_ok_since)
+        if now - since >= failover_after:
             lost.add(w)
     return lost
 
@@ -53,13 +65,14 @@ def decide(
     desired: Desired,
     now: float,
     failover_after: float,
+    store_ok_since: float | None = None,
 ) -> Rescale | None:
     if assignment is None:
         return plan_rescale(job, key_groups, None, 0, 0, desired.parallelism, "initial", now)
     p, g = assignment.parallelism, assignment.generation
     owners = assignment.owners
 
-    lost = lost_workers(assignment, workers, now, failover_after)
+    lost = lost_workers(assignment, workers, now, failover_after, store_ok_since)
     anyone_ready = any(workers[w].ready for w in range(p) if w in workers)
     if lost and anyone_ready and len(lost) < len(set(owners)):
         return plan_failover_rescale(job, owners, p, g, plan_failover(owners, lost), now)

@@ -264,7 +264,8 @@ class Worker:
                 self.connected = True
             except (TimeoutError, StoreError, OSError):
                 self.connected = False
-            await wait_event(self._stop, HEARTBEAT_SECONDS)
+            # while the store is away, look again soon: ready again within a second
+            await wait_event(self._stop, HEARTBEAT_SECONDS if self.connected else 0.5)
 
     async def _reconcile(self) -> None:
         self._collect_finished()
