@@ -73,9 +73,7 @@ class KafkaBroker:
     def create_topic(self, topic: str, partitions: int) -> None:
         create_topic(self.bootstrap_servers, topic, partitions)
 
-    def produce(
-        self, topic: str, records: list[tuple[int, bytes | None, bytes | None]]
-    ) -> None:
+    def produce(self, topic: str, records: list[tuple[int, bytes | None, bytes | None]]) -> None:
         """``(partition, key, value)`` records, in order."""
         producer = Producer({"bootstrap.servers": self.bootstrap_servers, "linger.ms": 5})
         for partition, key, value in records:

@@ -153,6 +153,23 @@ def _invalid(res: ResourceDef, name: str, causes: list[Cause]) -> ApiError:
     )
 
 
+def _forbidden(request: ApiRequest) -> ApiError:
+    resource = request.resource + (f"/{request.subresource}" if request.subresource else "")
+    where = (
+        f' in the namespace "{request.namespace}"' if request.namespace else " at the cluster scope"
+    )
+    return ApiError(
+        status=403,
+        reason="Forbidden",
+        message=(
+            f"{resource}{'.' + request.group if request.group else ''} is forbidden: User "
+            f'"{request.user}" cannot {request.verb} resource "{resource}" in API group '
+            f'"{request.group}"{where}'
+        ),
+        details={"name": request.name or "", "group": request.group, "kind": request.resource},
+    )
+
+
 def _bad_request(message: str) -> ApiError:
     return ApiError(status=400, reason="BadRequest", message=message)
 
@@ -442,6 +459,36 @@ class _Request:
     subresource: str | None = None
 
 
+@dataclass(frozen=True)
+class ApiRequest:
+    """One resource request as RBAC sees it: who, which verb, on what.
+
+    ``user`` is the bearer token of the request (each kubeconfig of
+    :meth:`KubernetesEmulator.kubeconfig_for` has its own); ``verb`` is the RBAC verb
+    (``get``, ``list``, ``watch``, ``create``, ``update``, ``patch``, ``delete``,
+    ``deletecollection``); ``namespace`` is None for cluster-scoped or all-namespace
+    requests.
+    """
+
+    user: str
+    verb: str
+    group: str
+    resource: str
+    subresource: str | None
+    namespace: str | None
+    name: str | None
+
+
+def _rbac_verb(method: str, name: str | None, params: dict[str, str]) -> str:
+    if method == "GET":
+        if params.get("watch") in ("true", "1"):
+            return "watch"
+        return "get" if name is not None else "list"
+    if method == "DELETE":
+        return "delete" if name is not None else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+
+
 def _parse_path(path: str) -> _Request | None:
     parts = [p for p in path.strip("/").split("/") if p]
     if len(parts) >= 2 and parts[0] == "api":
@@ -500,6 +547,9 @@ class EmulatorHandler(kmock.KubernetesScaffold):
     rv: int = attrs.field(default=1, init=False)
     lock: threading.RLock = attrs.field(factory=threading.RLock, init=False)
     _changed: asyncio.Event | None = attrs.field(default=None, init=False)
+    request_log: list[ApiRequest] = attrs.field(factory=list, init=False)
+    authorize: Callable[[ApiRequest], bool] | None = attrs.field(default=None, init=False)
+    """None: everything is allowed; else a request it refuses is a 403 Forbidden (RBAC)."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -967,8 +1017,27 @@ class EmulatorHandler(kmock.KubernetesScaffold):
             return aiohttp.web.json_response(payload)
         if parsed.plural is None:
             return aiohttp.web.json_response(self._discover(parsed))
+        record = self._log_request(request, parsed)
+        if self.authorize is not None and not self.authorize(record):
+            raise _forbidden(record)
         res = self.lookup(parsed.group, parsed.version, parsed.plural)
         return await self._serve(request, parsed, res)
+
+    def _log_request(self, request: kmock.Request, parsed: _Request) -> ApiRequest:
+        assert parsed.plural is not None
+        auth = request.headers.get("Authorization", "")
+        method = request.method.value.upper()
+        record = ApiRequest(
+            user=auth.removeprefix("Bearer ").strip(),
+            verb=_rbac_verb(method, parsed.name, dict(request.params)),
+            group=parsed.group,
+            resource=parsed.plural,
+            subresource=parsed.subresource,
+            namespace=parsed.namespace,
+            name=parsed.name,
+        )
+        self.request_log.append(record)
+        return record
 
     async def _serve(
         self, request: kmock.Request, parsed: _Request, res: ResourceDef
@@ -1217,6 +1286,20 @@ class KubernetesEmulator:
         }
         self.kubeconfig.write_text(json.dumps(config, indent=2))  # JSON is YAML
         return self
+
+    def kubeconfig_for(self, user: str) -> Path:
+        """A kubeconfig whose requests carry ``user`` as their token, so that
+        ``handler.request_log`` tells this client's requests from the others'."""
+        config = json.loads(self.kubeconfig.read_text())
+        config["users"][0]["user"]["token"] = user
+        path = self.workdir / f"kubeconfig-{user}"
+        path.write_text(json.dumps(config, indent=2))
+        return path
+
+    def requests_of(self, user: str) -> list[ApiRequest]:
+        """The resource requests made with ``user``'s kubeconfig so far, oldest first."""
+        with self.handler.lock:
+            return [r for r in self.handler.request_log if r.user == user]
 
     def _run(self) -> None:
         async def serve() -> None:

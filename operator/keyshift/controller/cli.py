@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import secrets
 import sys
 import time
 from collections.abc import Sequence
@@ -66,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     op.add_argument("--standalone", action="store_true", help="no leader election (one replica)")
     op.add_argument("--peering", help="kopf peering object for leader election (default: default)")
-    op.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    op.add_argument("--priority", type=_priority, default=0,
+                    help="peering priority of this replica; 'random' for a random one "
+                    "(replicas of a Deployment: kopf pauses peers of equal priority)")  # fmt: skip
     op.add_argument("--peering-lifetime", type=int, default=60,
                     help="seconds a silent peer counts as alive (takeover delay)")  # fmt: skip
     op.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
@@ -119,6 +122,11 @@ def _fill_topic(args: argparse.Namespace) -> int:
     )  # fmt: skip
     console.print(f"wrote {written} records to {args.topic} ({spec.key_groups} partitions)")
     return 0
+
+
+def _priority(text: str) -> int:
+    """A peering priority: an integer, or ``random`` (a random positive one)."""
+    return secrets.randbelow(2**31 - 1) + 1 if text == "random" else int(text)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -237,23 +245,28 @@ def _status(args: argparse.Namespace) -> int:
 def _crd(args: argparse.Namespace) -> int:
     import difflib
 
-    from keyshift.controller.crd import WRITE_COMMAND, render_yaml, streamjob_crd
+    from keyshift.controller import crd
 
-    text = render_yaml(streamjob_crd())
-    path: Path = args.output
+    text = crd.render_yaml(crd.streamjob_crd())
+    # the default file has a copy in the Helm chart, kept identical
+    paths: list[Path] = [args.output]
+    if args.output == crd.DEFAULT_PATH and crd.CHART_PATH.parent.is_dir():
+        paths.append(crd.CHART_PATH)
     if args.write:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        console.print(f"wrote {path}")
+        for path in paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            console.print(f"wrote {path}")
     elif args.check:
-        current = path.read_text() if path.exists() else ""
-        if current != text:
-            sys.stdout.writelines(difflib.unified_diff(
-                current.splitlines(keepends=True), text.splitlines(keepends=True),
-                fromfile=str(path), tofile="generated",
-            ))  # fmt: skip
-            print(f"{path} is stale: run `{WRITE_COMMAND}`", file=sys.stderr)
-            return 1
+        for path in paths:
+            current = path.read_text() if path.exists() else ""
+            if current != text:
+                sys.stdout.writelines(difflib.unified_diff(
+                    current.splitlines(keepends=True), text.splitlines(keepends=True),
+                    fromfile=str(path), tofile="generated",
+                ))  # fmt: skip
+                print(f"{path} is stale: run `{crd.WRITE_COMMAND}`", file=sys.stderr)
+                return 1
     else:
         sys.stdout.write(text)
     return 0

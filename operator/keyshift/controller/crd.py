@@ -40,6 +40,8 @@ PLURAL: Final = "streamjobs"
 SINGULAR: Final = "streamjob"
 NAME: Final = f"{PLURAL}.{GROUP}"
 DEFAULT_PATH: Final = Path("crds") / "streamjob.yaml"
+CHART_PATH: Final = Path("charts") / "keyshift" / "crds" / "streamjob.yaml"
+"""The Helm chart's copy of ``DEFAULT_PATH``: ``keyshift crd --write`` writes both."""
 WRITE_COMMAND: Final = "keyshift crd --write"
 
 # Key order of a schema node in the rendered YAML (unknown keys are an error).

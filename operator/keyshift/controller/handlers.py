@@ -59,6 +59,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.watching.client_timeout = 90
     settings.peering.lifetime = int(memo.get("peering_lifetime", 60))
     settings.peering.mandatory = bool(memo.get("peering_mandatory", False))
+    # With exact namespace names (or all namespaces) kopf needs no cluster-wide scanning of
+    # namespaces and CRDs, which the chart's RBAC does not grant (refused, kopf retries the
+    # namespace list for about a minute before it falls back to the names it was given).
+    settings.scanning.disabled = not memo.get("namespace_patterns", False)
     await asyncio.to_thread(load_credentials)
     memo.api = KubeApi()
 
@@ -169,5 +173,14 @@ def run_operator(
         liveness_endpoint=liveness,
         # with peering asked for by name, its object must exist: no silent fallback to
         # standalone (which would make two replicas both active)
-        memo=kopf.Memo(peering_lifetime=peering_lifetime, peering_mandatory=peering is not None),
+        memo=kopf.Memo(
+            peering_lifetime=peering_lifetime,
+            peering_mandatory=peering is not None,
+            namespace_patterns=any(_is_pattern(ns) for ns in namespaces),
+        ),
     )
+
+
+def _is_pattern(namespace: str) -> bool:
+    """Whether a ``--namespace`` is a glob or a negation (kopf then watches the namespaces)."""
+    return namespace.startswith("!") or any(c in namespace for c in "*?[")

@@ -301,6 +301,9 @@ class JobRunner:
         if self.autoscaler is not None:
             status["autoscaler"] = self.autoscaler.status()
         metrics.PARALLELISM.labels(self.namespace, self.name).set(status["parallelism"])
+        metrics.DESIRED_PARALLELISM.labels(self.namespace, self.name).set(
+            self.desired().parallelism
+        )
         if status != self._last_status:
             await self.api.patch_job_status(self.namespace, self.name, status)
             self._last_status = status

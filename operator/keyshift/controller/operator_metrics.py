@@ -13,6 +13,11 @@ RESCALE_DURATION = Histogram(
 PARALLELISM = Gauge(
     "keyshift_job_parallelism", "Workers in the job's current assignment.", ["namespace", "job"]
 )
+DESIRED_PARALLELISM = Gauge(
+    "keyshift_job_desired_parallelism",
+    "The parallelism the job is heading for: spec.parallelism, or the autoscaler's choice.",
+    ["namespace", "job"],
+)
 RECONCILE_ERRORS = Counter(
     "keyshift_reconcile_errors_total",
     "Controller ticks that failed (API or store errors); retried on the next tick.",
