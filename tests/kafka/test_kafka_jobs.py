@@ -8,7 +8,8 @@ exact expected state is the generator's (:mod:`keyshift.runtime.expected`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -154,14 +155,18 @@ async def test_counter_over_kafka_is_exact_across_a_kill_and_a_rescale(
         await store.close()
 
 
+Records = list[tuple[int, bytes | None, bytes | None]]
+"""``(partition, key, value)`` in the order produced."""
+
+
 def poison_records(
     key_groups: int, per_partition: int
-) -> tuple[list[tuple[int, bytes | None, bytes | None]], dict[tuple[int, int], str]]:
+) -> tuple[Records, dict[tuple[int, int], str]]:
     """Valid Event records with three poison ones in partition 1: bytes that are not
     JSON, JSON the job's decoder rejects, and a record over the size limit."""
     spec = GeneratorSource.model_validate(GENERATOR)
     generator = Generator(spec, key_groups, created_at=0)
-    records: list[tuple[int, bytes | None, bytes | None]] = []
+    records: Records = []
     poison: dict[tuple[int, int], str] = {}
     bad = {
         3: (b"\xff\xfe not json", "JSON"),
@@ -182,7 +187,7 @@ def poison_records(
 async def expected_counts(
     store: RedisStateStore,
     job: str,
-    records: list[tuple[int, bytes | None, bytes | None]],
+    records: Records,
     poison: dict[tuple[int, int], str],
     key_groups: int,
 ) -> None:
@@ -203,24 +208,28 @@ async def expected_counts(
             == counts[kg], f"key group {kg}"  # fmt: skip
 
 
-async def test_poison_records_go_to_the_dead_letter_topic_with_their_error(
-    standalone_server: LocalServer,
-    kafka_broker: KafkaBroker,
+POISON_K, POISON_N = 2, 40
+"""Key groups (partitions) and records per partition of the poison tests."""
+
+
+@asynccontextmanager
+async def poison_job(
+    broker: KafkaBroker,
+    url: str,
     job: str,
     tmp_path: Path,
     spawn: Callable[..., WorkerProcess],
-) -> None:
-    k, n = 2, 40
-    kafka_broker.create_topic(f"{job}-in", k)
-    kafka_broker.create_topic(f"{job}-dlq", 1)
+    source: dict[str, Any] | None = None,
+) -> AsyncIterator[tuple[RedisStateStore, WorkerProcess, Records, dict[tuple[int, int], str]]]:
+    """One worker on a topic holding :func:`poison_records`, with ``source`` settings."""
+    k, n = POISON_K, POISON_N
+    broker.create_topic(f"{job}-in", k)
     records, poison = poison_records(k, n)
-    kafka_broker.produce(f"{job}-in", records)
-    url = standalone_server.url
-    source = {"onPoison": "dead-letter", "deadLetterTopic": f"{job}-dlq", "maxRecordBytes": 300}
+    broker.produce(f"{job}-in", records)
     manifest = write_manifest(
         tmp_path,
-        kafka_manifest(job, bootstrap=kafka_broker.bootstrap_servers, key_groups=k,
-                       parallelism=1, store_url=url, source=source, sink={"type": "null"}),
+        kafka_manifest(job, bootstrap=broker.bootstrap_servers, key_groups=k, parallelism=1,
+                       store_url=url, source=source, sink={"type": "null"}),
     )  # fmt: skip
     store = open_store(url, retry_seconds=10)
     try:
@@ -228,7 +237,27 @@ async def test_poison_records_go_to_the_dead_letter_topic_with_their_error(
         await store.publish_assignment(
             job, Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
         )
-        worker = spawn(manifest, 0, url)
+        yield store, spawn(manifest, 0, url), records, poison
+    finally:
+        await store.close()
+
+
+async def test_poison_records_go_to_the_dead_letter_topic_with_their_error(
+    standalone_server: LocalServer,
+    kafka_broker: KafkaBroker,
+    job: str,
+    tmp_path: Path,
+    spawn: Callable[..., WorkerProcess],
+) -> None:
+    k, n = POISON_K, POISON_N
+    kafka_broker.create_topic(f"{job}-dlq", 1)
+    source = {"onPoison": "dead-letter", "deadLetterTopic": f"{job}-dlq", "maxRecordBytes": 300}
+    async with poison_job(kafka_broker, standalone_server.url, job, tmp_path, spawn, source) as (
+        store,
+        worker,
+        records,
+        poison,
+    ):
 
         async def finished() -> bool:
             return await all_done(store, job, k, n)
@@ -247,8 +276,6 @@ async def test_poison_records_go_to_the_dead_letter_topic_with_their_error(
             kg, offset = origin
             assert (kg, m.key(), m.value()) == records[kg * n + offset]
         assert worker.metric("keyshift_poison_records_total") == 3
-    finally:
-        await store.close()
 
 
 async def test_a_poison_record_stops_its_key_group_under_the_fail_policy(
@@ -258,23 +285,10 @@ async def test_a_poison_record_stops_its_key_group_under_the_fail_policy(
     tmp_path: Path,
     spawn: Callable[..., WorkerProcess],
 ) -> None:
-    k, n = 2, 40
-    kafka_broker.create_topic(f"{job}-in", k)
-    records, _ = poison_records(k, n)
-    kafka_broker.produce(f"{job}-in", records)
-    url = standalone_server.url
-    manifest = write_manifest(
-        tmp_path,
-        kafka_manifest(job, bootstrap=kafka_broker.bootstrap_servers, key_groups=k,
-                       parallelism=1, store_url=url, sink={"type": "null"}),
-    )  # fmt: skip
-    store = open_store(url, retry_seconds=10)
-    try:
-        await store.init_job(job, k)
-        await store.publish_assignment(
-            job, Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
-        )
-        worker = spawn(manifest, 0, url)
+    k, n = POISON_K, POISON_N
+    async with poison_job(kafka_broker, standalone_server.url, job, tmp_path, spawn) as (
+        store, worker, _, _,
+    ):  # fmt: skip
 
         async def stopped_at_the_poison() -> bool:
             return await positions(store, job, k) == [n, 3]
@@ -289,8 +303,6 @@ async def test_a_poison_record_stops_its_key_group_under_the_fail_policy(
         expected = Generator(GeneratorSource.model_validate(GENERATOR), k, 0).read(1, 0, 3)
         assert sum(msgspec.msgpack.decode(v) for v in counted.values()) == len(expected)
         assert set(counted) == {encode_key(e.key) for e in expected}
-    finally:
-        await store.close()
 
 
 async def test_a_partition_count_other_than_key_groups_is_refused(

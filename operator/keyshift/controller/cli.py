@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from keyshift.controller.local_run import JobAlreadyRunning
+from keyshift.controller.local_run import InvalidManifest, JobAlreadyRunning
 from keyshift.store import StoreError
 from keyshift.store.admin import add_store_commands
 from keyshift.store.server import ServerStartError
@@ -277,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
+    except InvalidManifest as exc:  # refused before anything started
+        parser.exit(2, f"keyshift: error: {exc}\n")
     except (StoreError, ValueError, OSError, JobAlreadyRunning, ServerStartError) as exc:
         # a user's mistake or an outage: a message, not a traceback
         parser.exit(1, f"keyshift: error: {exc}\n")

@@ -32,6 +32,10 @@ class ControllerSettings:
     deadlines: Deadlines = field(default_factory=Deadlines)
 
 
+STORE_STALL_SECONDS = 1.0
+"""A store call that took longer than this counts as a store outage ending now."""
+
+
 def workers_needed(assignment: Assignment | None, current: Rescale | None) -> set[int]:
     """Ordinals that must be running (or restarting) now."""
     needed = set() if assignment is None else set(range(assignment.parallelism))
@@ -76,8 +80,11 @@ class Controller:
         self._store_down = False
 
     async def tick(self) -> None:
+        asked = self.clock()
         self.assignment = await self.store.get_assignment(self.job)
-        if self._store_down:
+        # the store was away if the call failed before, or if it hung (a stalled connection
+        # is waited out inside the client's retries, no error ever reaches this loop)
+        if self._store_down or self.clock() - asked > STORE_STALL_SECONDS:
             self._store_down = False
             self.store_ok_since = self.clock()
             self.on_event("Normal", "state store reachable again")

@@ -27,9 +27,9 @@ from keyshift.controller.k8s_api import GROUP, PLURAL, VERSION, KubeApi, load_cr
 from keyshift.controller.k8s_job import (
     JobRunner,
     apply_owned_objects,
+    check_spec,
     delete_job_state,
     stop_job,
-    validate_spec,
 )
 from keyshift.controller.k8s_objects import (
     APP_LABEL,
@@ -78,7 +78,7 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.update(*RESOURCE, field="spec")
 async def apply(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     raw = dict(body)
-    spec = validate_spec(raw.get("spec") or {})
+    spec = check_spec(raw.get("spec") or {})
     if isinstance(spec, str):
         return  # the daemon reports it in status; fixing the spec calls this again
     for change in await apply_owned_objects(_api(memo), raw, spec):

@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
-from pydantic import ValidationError
 
 from keyshift.controller import operator_metrics as metrics
 from keyshift.controller.autoscaler import Decision
@@ -41,7 +40,7 @@ from keyshift.controller.metrics_provider import WorkerTarget
 from keyshift.controller.prometheus_provider import PrometheusMetricsProvider
 from keyshift.controller.reconcile import Desired
 from keyshift.controller.records import ControllerRecord
-from keyshift.runtime.config import StreamJobSpec
+from keyshift.runtime.config import StreamJobSpec, validate_spec
 from keyshift.store import StateStore, StoreError, open_store
 
 log = logging.getLogger("keyshift.operator")
@@ -54,21 +53,28 @@ EventPoster = Callable[[str, str, str], None]
 """``(type, reason, message)``: posts a Kubernetes Event on the StreamJob."""
 
 
-def validation_message(exc: ValidationError) -> str:
-    """One line per problem, naming the field as the manifest spells it."""
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"])
-        parts.append(f"spec.{where}: {err['msg']}" if where else err["msg"])
-    return "; ".join(parts)
+def kubernetes_problem(spec: StreamJobSpec) -> str | None:
+    """What a spec that ``keyshift run`` accepts still lacks on Kubernetes (reported in
+    ``status`` like any invalid spec, before anything is deployed)."""
+    if not spec.state_store.url:
+        return (
+            "spec.stateStore.url: required on Kubernetes (keyshift run starts a store of its "
+            "own; on a cluster the workers need the URL of the store, e.g. the Helm chart's)"
+        )
+    if spec.autoscaler.enabled and not spec.autoscaler.prometheus.url:
+        return (
+            "spec.autoscaler.prometheus.url: required on Kubernetes when the autoscaler is "
+            "enabled (the load metrics come from Prometheus)"
+        )
+    return None
 
 
-def validate_spec(raw: Mapping[str, Any]) -> StreamJobSpec | str:
-    """The parsed spec, or why it is invalid."""
-    try:
-        return StreamJobSpec.model_validate(dict(raw))
-    except ValidationError as exc:
-        return validation_message(exc)
+def check_spec(raw: Mapping[str, Any]) -> StreamJobSpec | str:
+    """The parsed spec, or why it cannot run on Kubernetes."""
+    checked = validate_spec(raw)
+    if isinstance(checked, str):
+        return checked
+    return kubernetes_problem(checked) or checked
 
 
 def event_reason(message: str) -> str:
@@ -180,7 +186,7 @@ class JobRunner:
         self.error = message
 
     async def tick(self) -> None:
-        checked = validate_spec(self.body.get("spec") or {})
+        checked = check_spec(self.body.get("spec") or {})
         if isinstance(checked, str):
             await self._report_invalid(checked)
             if self.spec is None:

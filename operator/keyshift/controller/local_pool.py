@@ -26,8 +26,17 @@ from pathlib import Path
 import httpx
 
 from keyshift.controller.pool import WorkerInfo
+from keyshift.runtime.api import JOB_PATH_ENV
 from keyshift.runtime.config import worker_name
 from keyshift.store.server import free_port
+
+
+def job_path(manifest: Path) -> list[str]:
+    """Where a local run's workers look for the job's module: the current directory, the
+    manifest's folder and its parent."""
+    folder = manifest.resolve().parent
+    return [os.getcwd(), str(folder), str(folder.parent)]
+
 
 PR_SET_PDEATHSIG = 1
 STOP_TIMEOUT = 20.0
@@ -120,11 +129,10 @@ class LocalWorkerPool:
 
     def _environment(self) -> dict[str, str]:
         """The job module is imported from the current directory, the manifest's
-        folder or its parent (``examples.counter:job`` next to ``examples/x.yaml``)."""
-        paths = [os.getcwd(), str(self.manifest.parent), str(self.manifest.parent.parent)]
-        if os.environ.get("PYTHONPATH"):
-            paths.append(os.environ["PYTHONPATH"])
-        return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **self.env}
+        folder or its parent (``examples.counter:job`` next to ``examples/x.yaml``):
+        ``KEYSHIFT_JOB_PATH``, searched after the standard library and the installed
+        packages, so that a folder of the user's cannot hide one of them."""
+        return {**os.environ, JOB_PATH_ENV: os.pathsep.join(job_path(self.manifest)), **self.env}
 
     def _save_pids(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)

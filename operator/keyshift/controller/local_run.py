@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import yaml
+from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 
@@ -55,7 +57,7 @@ from keyshift.controller.reconcile import Desired
 from keyshift.controller.records import FileRecordStore
 from keyshift.controller.status import status_document
 from keyshift.controller.view import log_line, render
-from keyshift.runtime.config import StreamJob, load_manifest
+from keyshift.runtime.config import StreamJob, validate_spec, validation_message
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer
 
@@ -66,6 +68,73 @@ STATUS_INTERVAL = 1.0
 
 class JobAlreadyRunning(RuntimeError):
     pass
+
+
+class InvalidManifest(ValueError):
+    """A manifest ``keyshift run`` refuses before it starts anything (exit code 2)."""
+
+    def __init__(self, path: Path, message: str) -> None:
+        super().__init__(f"{path} is not a valid StreamJob: {message}")
+        self.message = message
+
+
+def check_manifest(path: Path, base_dir: Path = Path(".keyshift")) -> StreamJob:
+    """The manifest, checked before a local run starts anything; else :class:`InvalidManifest`.
+
+    The spec is checked as the operator checks a StreamJob (its message is the one of the
+    ``InvalidSpec`` condition), then what a local run alone can check up front: the entry
+    point imports (from where the workers import it), and ``keyGroups`` is the one of the
+    job's last run here (the CRD's immutability rule, with its message).
+    """
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise InvalidManifest(path, f"not YAML: {exc}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("spec") or {}, dict):
+        raise InvalidManifest(path, "a StreamJob is a mapping: apiVersion, kind, metadata, spec")
+    spec = validate_spec(raw.get("spec") or {})
+    if isinstance(spec, str):
+        raise InvalidManifest(path, spec)
+    try:
+        manifest = StreamJob.model_validate({**raw, "spec": spec})
+    except ValidationError as exc:
+        raise InvalidManifest(path, validation_message(exc, prefix="")) from None
+    _check_entry_point(path, spec.job)
+    try:
+        last = json.loads(RunDir.of(manifest.name, base_dir).status.read_text())["key_groups"]
+    except (OSError, ValueError, KeyError):
+        last = None
+    if last is not None and last != spec.key_groups:
+        raise InvalidManifest(path, key_groups_changed(last, spec.key_groups))
+    return manifest
+
+
+def _check_entry_point(manifest: Path, entry: str) -> None:
+    """Import the job as a worker would: from the current directory, the manifest's folder
+    or its parent (see ``LocalWorkerPool``)."""
+    from keyshift.controller.local_pool import job_path
+    from keyshift.runtime.api import JobLoadError, load_job
+
+    saved = list(sys.path)
+    try:
+        load_job(entry, job_path(manifest))
+    except (JobLoadError, ValueError) as exc:
+        raise InvalidManifest(manifest, str(exc)) from None
+    except Exception as exc:  # the user's module may raise anything while it is imported
+        raise InvalidManifest(
+            manifest, f"job entrypoint {entry!r} cannot be loaded: {type(exc).__name__}: {exc}"
+        ) from None
+    finally:
+        sys.path[:] = saved
+
+
+def key_groups_changed(was: int, now: int) -> str:
+    """The CRD's message for a changed ``keyGroups`` (``self == oldSelf``), with the counts."""
+    from keyshift.controller.crd import streamjob_crd
+
+    schema = streamjob_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    rule = schema["properties"]["spec"]["properties"]["keyGroups"]["x-kubernetes-validations"][0]
+    return f"spec.keyGroups: {rule['message']} (it was {was}, the manifest says {now})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +221,7 @@ class LocalRun:
         console: Console | None = None,
     ) -> None:
         self.manifest_path = manifest_path.resolve()
-        self.manifest: StreamJob = load_manifest(manifest_path)
+        self.manifest: StreamJob = check_manifest(manifest_path, base_dir)
         self.job = self.manifest.name
         self.spec = self.manifest.spec
         self.dir = RunDir.of(self.job, base_dir)
@@ -210,10 +279,8 @@ class LocalRun:
         try:
             info = await store.init_job(self.job, self.spec.key_groups)
             if info.key_groups != self.spec.key_groups:
-                raise ValueError(
-                    f"job {self.job!r} has {info.key_groups} key groups in its store but the "
-                    f"manifest says {self.spec.key_groups}; the count is fixed for a job's life "
-                    f"(`keyshift store delete {self.job}` starts over)"
+                raise InvalidManifest(
+                    self.manifest_path, key_groups_changed(info.key_groups, self.spec.key_groups)
                 )
             records = FileRecordStore(self.dir.controller, self.job)
             self.autoscaler = self._autoscaler()

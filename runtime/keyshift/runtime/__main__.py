@@ -11,7 +11,7 @@ import sys
 
 from pydantic import ValidationError
 
-from keyshift.runtime.api import JobLoadError, load_job
+from keyshift.runtime.api import JOB_PATH_ENV, JobLoadError, load_job
 from keyshift.runtime.config import load_manifest, settings_from
 from keyshift.runtime.httpserver import start_http
 from keyshift.runtime.worker import Worker
@@ -45,7 +45,7 @@ async def run(args: argparse.Namespace) -> int:
     settings = settings_from(
         manifest, ordinal=args.ordinal, store_url=args.store_url, http_port=args.http_port
     )
-    job = load_job(settings.spec.job)
+    job = load_job(settings.spec.job, os.environ.get(JOB_PATH_ENV, "").split(os.pathsep))
     store = open_store(settings.store_url, password=settings.store_password)
     worker = Worker(settings, job, store)
     loop = asyncio.get_running_loop()

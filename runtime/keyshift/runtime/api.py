@@ -291,9 +291,18 @@ class JobLoadError(Exception):
     """The job's ``module:attribute`` does not name an importable Job."""
 
 
-def load_job(entrypoint: str) -> Job[Any]:
-    """Import ``module:attribute`` and check that it is a :class:`Job`."""
+JOB_PATH_ENV = "KEYSHIFT_JOB_PATH"
+"""Folders (``os.pathsep``-separated) a worker also looks in for the job's module."""
+
+
+def load_job(entrypoint: str, search: Sequence[str] = ()) -> Job[Any]:
+    """Import ``module:attribute`` and check that it is a :class:`Job`.  ``search``: more
+    folders to look in, after the standard library and the installed packages (so that a
+    folder of the user's cannot hide one of them)."""
     import importlib
+    import sys
+
+    sys.path.extend(p for p in search if p and p not in sys.path)
 
     module_name, sep, attribute = entrypoint.partition(":")
     if not sep or not module_name or not attribute:

@@ -38,12 +38,14 @@ from pydantic import (
     Field,
     StringConstraints,
     Tag,
+    ValidationError,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
+from keyshift.store.client import parse_store_url
 from keyshift.store.protocol import check_job_name
 
 API_VERSION: Final = "keyshift.dev/v1alpha1"
@@ -294,6 +296,8 @@ SourceSpec = Annotated[
     Discriminator(_source_type),
 ]
 _OUTPUT_NAME = r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$"
+_IDENTIFIERS = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+_ENTRY_POINT = f"^{_IDENTIFIERS}:{_IDENTIFIERS}$"
 
 
 class StateStoreSpec(Model):
@@ -325,6 +329,8 @@ class StateStoreSpec(Model):
     def _no_password_in_url(cls, url: str | None) -> str | None:
         if url and url_has_password(url):
             raise ValueError(STORE_URL_PASSWORD_MESSAGE)
+        if url and "@" not in urlsplit(url).netloc:
+            parse_store_url(url)  # scheme, hosts, ports, database: as the workers open it
         return url
 
 
@@ -444,7 +450,7 @@ class EnvVar(Model):
 class StreamJobSpec(Model):
     """A stateful stream job: its code, key groups, parallelism, input, output and store."""
 
-    job: str = Field(min_length=1)
+    job: str = Field(min_length=1, json_schema_extra={"pattern": _ENTRY_POINT})
     """The job's ``module:attribute``. Immutable."""
     key_groups: int = Field(default=128, ge=1, le=65536)
     """Number of key groups (input partitions), the unit of state ownership and the upper
@@ -500,6 +506,13 @@ class StreamJobSpec(Model):
             raise ValueError(f"the job's source is {self.source.type!r}, not the generator")
         return self.source
 
+    @field_validator("job")
+    @classmethod
+    def _check_entry_point(cls, job: str) -> str:
+        if not re.match(_ENTRY_POINT, job):
+            raise ValueError(f"job {job!r} is not 'module:attribute' (e.g. examples.counter:job)")
+        return job
+
     @field_validator("side_outputs")
     @classmethod
     def _check_output_names(cls, outputs: dict[str, Any]) -> dict[str, Any]:
@@ -551,6 +564,39 @@ class StreamJob(Model):
     @property
     def name(self) -> str:
         return self.metadata.name
+
+
+_UNION_TAGS: Final = {"generator", "kafka", "log", "null"}
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as the manifest spells it: without the union tags
+    (``source.generator.rate`` is ``source.rate`` in the manifest)."""
+    parts = [
+        str(p) for i, p in enumerate(loc)
+        if not (p in _UNION_TAGS and i > 0 and (
+            loc[i - 1] in ("source", "sink") or (i > 1 and loc[i - 2] == "sideOutputs")
+        ))
+    ]  # fmt: skip
+    return ".".join(parts)
+
+
+def validation_message(exc: ValidationError, prefix: str = "spec.") -> str:
+    """One line per problem, naming the field as the manifest spells it: the message of
+    the operator's ``InvalidSpec`` condition and of ``keyshift run``."""
+    parts = []
+    for err in exc.errors():
+        where = _field_path(err["loc"])
+        parts.append(f"{prefix}{where}: {err['msg']}" if where else err["msg"])
+    return "; ".join(parts)
+
+
+def validate_spec(raw: Any) -> StreamJobSpec | str:
+    """The parsed spec, or why it is invalid (:func:`validation_message`)."""
+    try:
+        return StreamJobSpec.model_validate(dict(raw))
+    except ValidationError as exc:
+        return validation_message(exc)
 
 
 def load_manifest(path: str | Path) -> StreamJob:

@@ -515,7 +515,22 @@ class _Producer:
         await asyncio.to_thread(self._thread.join, 5.0)
 
 
-class KafkaSinkWriter:
+class _ProducerWriter:
+    """What the sink and the dead letters share: their producer's flush, losses, close."""
+
+    _producer: _Producer
+
+    async def flush(self, key_group: int) -> None:
+        await self._producer.flush(key_group)
+
+    def lost(self, key_group: int) -> bool:
+        return self._producer.deliveries.lost(key_group)
+
+    async def close(self) -> None:
+        await self._producer.close()
+
+
+class KafkaSinkWriter(_ProducerWriter):
     """Outputs to a Kafka topic (see the module docstring)."""
 
     def __init__(self, spec: KafkaSink) -> None:
@@ -539,17 +554,8 @@ class KafkaSinkWriter:
         self._producer.produce(key_group, self.topic, key_bytes(key), self._encode(value), headers)
         self.emitted += 1
 
-    async def flush(self, key_group: int) -> None:
-        await self._producer.flush(key_group)
 
-    def lost(self, key_group: int) -> bool:
-        return self._producer.deliveries.lost(key_group)
-
-    async def close(self) -> None:
-        await self._producer.close()
-
-
-class KafkaDeadLetters:
+class KafkaDeadLetters(_ProducerWriter):
     """Poison records to the dead-letter topic: the original key and value, and headers
     ``keyshift-error``, ``keyshift-topic``, ``keyshift-partition``, ``keyshift-offset``."""
 
@@ -569,15 +575,6 @@ class KafkaDeadLetters:
         ]
         self._producer.produce(poison.key_group, self.topic, poison.key, poison.value, headers)
         self.sent += 1
-
-    async def flush(self, key_group: int) -> None:
-        await self._producer.flush(key_group)
-
-    def lost(self, key_group: int) -> bool:
-        return self._producer.deliveries.lost(key_group)
-
-    async def close(self) -> None:
-        await self._producer.close()
 
 
 def create_topic(bootstrap_servers: str, topic: str, partitions: int) -> None:

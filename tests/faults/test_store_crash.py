@@ -1,0 +1,131 @@
+"""The store crashes while a job runs (two worker processes, a standalone Valkey with
+AOF ``everysec``): SIGKILLed and restarted during processing, during a rescale, and
+restarted from an AOF copy a second old (acknowledged commits lost, as after an OS crash
+or a failover to a lagging replica).  The workers retry, and a key group whose last
+commits the store lost is fenced by the sequence, reloads and replays: the final state
+is exact, every key group has the one owner the assignment names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from keyshift.controller.assignment import plan_assignment
+from keyshift.store import Assignment, RedisStateStore, open_store
+from keyshift.store.server import LocalServer
+from tests.support import (
+    WorkerProcess,
+    all_done,
+    assert_exact_counter_state,
+    assert_owned_as_assigned,
+    counter_manifest,
+    positions,
+    wait_for,
+    write_manifest,
+)
+
+K = 8
+LIMIT = 6000
+SOURCE = {"seed": 31, "keys": 3000, "distribution": "zipf", "limit": LIMIT,
+          "rate": {"shape": "constant", "recordsPerSecond": 4000}}  # fmt: skip
+"""12 s of input: the crash comes in the middle of it."""
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LocalServer]:
+    srv = LocalServer(tmp_path / "valkey", appendfsync="everysec").start()
+    yield srv
+    srv.stop()
+
+
+async def start_job(
+    server: LocalServer, job: str, tmp_path: Path, spawn: Callable[..., WorkerProcess]
+) -> tuple[RedisStateStore, Path]:
+    manifest = write_manifest(
+        tmp_path,
+        counter_manifest(job, key_groups=K, parallelism=2, store_url=server.url,
+                         source=SOURCE, checkpoint_interval="100ms"),
+    )  # fmt: skip
+    store = open_store(server.url, retry_seconds=60)
+    await store.init_job(job, K)
+    await store.publish_assignment(
+        job, Assignment(1, 2, plan_assignment(K, 2)), expected_generation=0
+    )
+    for ordinal in range(2):
+        spawn(manifest, ordinal, server.url)
+
+    async def progress() -> bool:
+        return min(await positions(store, job, K)) > LIMIT // 10
+
+    await wait_for(progress, 30, "every key group to commit some progress")
+    return store, manifest
+
+
+async def finish(store: RedisStateStore, job: str, assignment: Assignment) -> None:
+    async def done() -> bool:
+        return await all_done(store, job, K, LIMIT)
+
+    await wait_for(done, 90, "every record after the store came back")
+    await assert_exact_counter_state(store, job, SOURCE, K, LIMIT)
+    await assert_owned_as_assigned(store, job, assignment)
+
+
+async def test_store_sigkilled_and_restarted_during_processing(
+    server: LocalServer, job: str, tmp_path: Path, spawn: Callable[..., WorkerProcess]
+) -> None:
+    store, _ = await start_job(server, job, tmp_path, spawn)
+    try:
+        assert max(await positions(store, job, K)) < LIMIT, "the crash came too late"
+        server.kill()
+        await asyncio.to_thread(server.start)
+        await finish(store, job, Assignment(1, 2, plan_assignment(K, 2)))
+    finally:
+        await store.close()
+
+
+async def test_store_sigkilled_and_restarted_during_a_rescale(
+    server: LocalServer, job: str, tmp_path: Path, spawn: Callable[..., WorkerProcess]
+) -> None:
+    store, manifest = await start_job(server, job, tmp_path, spawn)
+    try:
+        spawn(manifest, 2, server.url)
+        rescaled = Assignment(2, 3, plan_assignment(K, 3))
+        await store.publish_assignment(job, rescaled, expected_generation=1)
+        server.kill()  # the handoffs are under way
+        await asyncio.to_thread(server.start)
+        await finish(store, job, rescaled)
+    finally:
+        await store.close()
+
+
+async def test_store_restarted_without_its_last_acknowledged_commits(
+    server: LocalServer, job: str, tmp_path: Path, spawn: Callable[..., WorkerProcess]
+) -> None:
+    """The store comes back from an AOF copy taken a second before the crash: the
+    commits of that second are lost although they were acknowledged."""
+    store, _ = await start_job(server, job, tmp_path, spawn)
+    try:
+        snapshot = tmp_path / "aof-copy"
+        shutil.copytree(server.directory / "appendonlydir", snapshot)
+        copied = await positions(store, job, K)
+
+        async def moved_on() -> bool:
+            now = await positions(store, job, K)
+            return all(n > c for n, c in zip(now, copied, strict=True))
+
+        await wait_for(moved_on, 30, "every key group to commit after the copy")
+        assert max(await positions(store, job, K)) < LIMIT, "the crash came too late"
+        server.kill()
+        shutil.rmtree(server.directory / "appendonlydir")
+        shutil.copytree(snapshot, server.directory / "appendonlydir")
+        await asyncio.to_thread(server.start)
+        rewound = await positions(store, job, K)
+        assert all(r <= c for r, c in zip(rewound, copied, strict=True)), "not rewound"
+        await finish(store, job, Assignment(1, 2, plan_assignment(K, 2)))
+    finally:
+        await store.close()
