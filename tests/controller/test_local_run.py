@@ -178,17 +178,37 @@ async def test_failover_moves_a_killed_workers_key_groups_and_gives_them_back(
     assert job.interrupt() == 0
 
 
-async def test_a_controller_killed_after_publishing_completes_the_rescale_on_restart(
+RESCALE_STEPS = [
+    ("executor.start.after", 4, "starting_workers"),
+    ("executor.publishing.entered", 4, "publishing"),
+    ("executor.publish.after", 4, "publishing"),
+    ("executor.handing_off.entered", 4, "handing_off"),
+    ("executor.publish.after", 2, "publishing"),
+    ("executor.handing_off.entered", 2, "handing_off"),
+    ("executor.stopping_workers.entered", 2, "stopping_workers"),
+]
+"""Where the controller dies in turn: ``(crash point, the rescale's target, the phase its
+record then shows)``.  A restarted ``keyshift run`` finishes the rescale in its record,
+then heads back to the manifest's parallelism (2): that 4 -> 2 dies at its own steps.
+(``executor.stop.after`` is not among them: the supervisor's workers die with it, so a
+restart after ``stopping_workers.entered`` finds nothing left to stop.)"""
+
+
+async def test_a_controller_killed_at_every_step_of_a_rescale_completes_it(
     tmp_path: Path, local_jobs: list[LocalJob]
 ) -> None:
-    limit = 4000
-    path, source = manifest(tmp_path, "restart", parallelism=2, limit=limit, rate=3000)
+    """``keyshift scale 4``, and the supervisor (the controller) SIGKILLed at each step of
+    the rescale executor in turn, of the 2 -> 4 and of the 4 -> 2 back to the manifest's
+    parallelism, each restart resuming the rescale its record holds and dying at the next
+    step; the last restart completes them.  The first deployment dies after publishing
+    too.  The state is exact and the ownership sound at the end."""
+    limit = 10_000
+    path, source = manifest(tmp_path, "restart", parallelism=2, limit=limit, rate=4000)
     job = LocalJob(tmp_path, path, "restart")
-    job.env["KEYSHIFT_CRASH_POINTS"] = "executor.publish.after=1"
+    job.env["KEYSHIFT_CRASH_POINTS"] = "executor.publish.after@1"
     job.start()
     local_jobs.append(job)
-    # the first deployment publishes too: that crash is part of the test
-    await asyncio.to_thread(_wait_exit, job)
+    await asyncio.to_thread(_wait_exit, job)  # the first deployment, once published
     del job.env["KEYSHIFT_CRASH_POINTS"]
     job.start()
     await asyncio.to_thread(
@@ -196,30 +216,32 @@ async def test_a_controller_killed_after_publishing_completes_the_rescale_on_res
         and all(w["ready"] for w in s["workers"]), 60, "the first deployment to complete",
     )  # fmt: skip
     job.interrupt()
-
-    job.env["KEYSHIFT_CRASH_POINTS"] = "executor.publish.after=1"
-    job.start()
-    assert job.cli("scale", "restart", "4").returncode == 0
-    await asyncio.to_thread(_wait_exit, job)  # died between publish and completion
-    current = job.controller_record()["current"]
-    assert current is not None and current["phase"] == "publishing"
-
+    for n, (point, target, phase) in enumerate(RESCALE_STEPS):
+        job.env["KEYSHIFT_CRASH_POINTS"] = f"{point}@1"
+        job.start()
+        if n == 0:
+            assert job.cli("scale", "restart", "4").returncode == 0
+        await asyncio.to_thread(_wait_exit, job)
+        if n == 0:
+            store = job.store()  # the embedded store outlives its supervisor till a restart
+            assert (await positions(store, "restart", KEY_GROUPS)) != [limit] * KEY_GROUPS, (
+                "the job finished before the rescales: the test proves less; raise the limit"
+            )
+            await store.close()
+        current = job.controller_record()["current"]
+        assert current is not None, f"killed at {point}: no rescale in the record"
+        assert (current["to_parallelism"], current["phase"]) == (target, phase), point
     del job.env["KEYSHIFT_CRASH_POINTS"]
     job.start()
+    await asyncio.to_thread(
+        job.wait_status, lambda s: s["parallelism"] == 2 and not s["rescale_in_progress"]
+        and all(w["ready"] for w in s["workers"]), 60, "the rescale back to 2 to complete",
+    )  # fmt: skip
+    done = [(r["to_parallelism"], r["outcome"]) for r in job.controller_record()["history"]]
+    assert done[-2:] == [(4, "succeeded"), (2, "succeeded")], done
     store = job.store()
     assignment = await store.get_assignment("restart")
-    assert assignment is not None and assignment.generation >= 2  # it had been published
-    # the manifest says 2, but the rescale in flight completes first
-    await asyncio.to_thread(
-        job.wait_status, lambda s: any(r["to"] == 4 and r["outcome"] == "succeeded"
-                                       for r in s["rescales"]), 60, "the resumed rescale",
-    )  # fmt: skip
-    await asyncio.to_thread(
-        job.wait_status, lambda s: s["parallelism"] == 2 and not s["rescale_in_progress"], 60,
-        "the manifest's parallelism",
-    )  # fmt: skip
-    assignment = await store.get_assignment("restart")
-    assert assignment is not None
+    assert assignment is not None and assignment.owners == plan_assignment(KEY_GROUPS, 2)
     await wait_for(lambda: all_done(store, "restart", KEY_GROUPS, limit), 90, "the job to finish")
     await assert_owned_as_assigned(store, "restart", assignment)
     await assert_exact_counter_state(store, "restart", source, KEY_GROUPS, limit)
