@@ -3,7 +3,9 @@
 Each worker is ``python -m keyshift.runtime`` with its own HTTP port, logging
 to ``<run dir>/logs/worker-<i>.log``. Like a kubelet, the pool restarts a
 worker that exits, after ``restart_delay`` seconds (doubling on repeated
-crashes, up to a minute). Workers get SIGTERM if the pool's process dies, and
+crashes, up to a minute; a worker that was ready for ``BACKOFF_RESET_SECONDS``
+starts the back-off over, so that a crash loop backs off but a healthy worker
+killed now and then comes back at once). Workers get SIGTERM if the pool's process dies, and
 a new pool stops the workers a previous one left behind (their PIDs are in
 ``<run dir>/workers.json``), so no worker outlives its controller.
 """
@@ -41,6 +43,7 @@ def job_path(manifest: Path) -> list[str]:
 PR_SET_PDEATHSIG = 1
 STOP_TIMEOUT = 20.0
 MAX_RESTART_DELAY = 60.0
+BACKOFF_RESET_SECONDS = 10.0
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -208,8 +211,8 @@ class LocalWorkerPool:
             proc.detail = f"readiness probe: {type(exc).__name__}"
         if proc.ready:
             proc.last_ready_at = time.time()
-            if proc.restarts and time.time() - proc.started_at > MAX_RESTART_DELAY:
-                proc.restarts = 0  # healthy for a while: the back-off starts over
+            if proc.restarts and time.time() - proc.started_at > BACKOFF_RESET_SECONDS:
+                proc.restarts = 0  # ready for a while: the back-off starts over
 
 
 def pid_alive(pid: int) -> bool:
