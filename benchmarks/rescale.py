@@ -489,7 +489,11 @@ def duration(record: dict[str, Any]) -> float:
 # -- one state size ------------------------------------------------------------------
 
 
-async def run_size(args: argparse.Namespace, keys: int) -> dict[str, Any]:
+async def run_size(
+    args: argparse.Namespace, keys: int, raw: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One state size; ``raw``, when given, receives the per key group output times
+    (``outputs``), the rescale ``events`` and the ``failovers`` (for benchmarks/compare.py)."""
     workdir = Path(tempfile.mkdtemp(prefix=f"keyshift-rescale-{keys}-"))
     server = LocalServer(workdir / "store")
     job: LocalJob | None = None
@@ -542,6 +546,8 @@ async def run_size(args: argparse.Namespace, keys: int) -> dict[str, Any]:
             await sampler
         await asyncio.to_thread(server.stop)
     outputs = read_outputs(workdir / "out.jsonl", args.key_groups)
+    if raw is not None:
+        raw.update(outputs=outputs, events=events, failovers=failovers)
     if args.keep:
         (workdir / "samples.json").write_text(
             json.dumps({"commits": samples.commits, "claims": samples.claims,
