@@ -2,7 +2,7 @@
 
 ``keyshift run`` with real worker processes and ``examples/busy_counter.py``
 (about 250 us of work per record, so that a few thousand records per second
-saturate a worker). Every test runs twice: with the direct-scrape metrics
+saturate a worker). The scaling test runs twice: with the direct-scrape metrics
 provider, and through the real PromQL path: a real Prometheus scrapes the
 workers (found through the file-SD file ``keyshift run`` keeps in its run
 directory, mirrored into the test Prometheus' targets file) and the job's
@@ -127,9 +127,11 @@ async def test_the_job_scales_up_with_the_load_and_back_down_after_it(
 
 
 async def test_recommend_mode_reports_without_acting(
-    tmp_path: Path, local_jobs: list[LocalJob], provider: Provider
+    tmp_path: Path, local_jobs: list[LocalJob]
 ) -> None:
-    path = manifest(tmp_path, "advised", "recommend", provider)
+    """Recommend mode decides as scale mode does and only reports (the metrics path,
+    the same for both modes, is tested through both providers above)."""
+    path = manifest(tmp_path, "advised", "recommend", lambda workdir, job: {})
     job = LocalJob(tmp_path, path, "advised").start()
     local_jobs.append(job)
 
