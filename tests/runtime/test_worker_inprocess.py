@@ -13,7 +13,7 @@ import msgspec
 from examples.counter import job as counter_job
 from keyshift.controller.assignment import plan_assignment
 from keyshift.runtime.api import Job, encode_key
-from keyshift.runtime.config import RateSpec, StreamJob, settings_from
+from keyshift.runtime.config import StreamJob, settings_from
 from keyshift.runtime.expected import counter_state_encoded
 from keyshift.runtime.sources.generator import Generator
 from keyshift.runtime.store import MemoryStore
@@ -22,14 +22,18 @@ from keyshift.store import Assignment
 from tests.runtime import jobs
 
 
-def manifest(key_groups: int, limit: int, **spec: Any) -> StreamJob:
+def manifest(key_groups: int, limit: int, rate: float | None = None, **spec: Any) -> StreamJob:
+    """The counter over a bounded generator; ``rate``: records per second (unlimited)."""
+    source: dict[str, Any] = {"seed": 4, "keys": 500, "distribution": "zipf", "limit": limit}
+    if rate is not None:
+        source["rate"] = {"recordsPerSecond": rate}
     return StreamJob.model_validate(
         {
             "metadata": {"name": "inproc"},
             "spec": {
                 "job": "examples.counter:job",
                 "keyGroups": key_groups,
-                "source": {"seed": 4, "keys": 500, "distribution": "zipf", "limit": limit},
+                "source": source,
                 "checkpointInterval": "50ms",
                 **spec,
             },
@@ -64,11 +68,7 @@ async def positions(store: MemoryStore, key_groups: int) -> list[int]:
 
 async def test_one_worker_then_two_hand_off_without_losing_a_record() -> None:
     k, limit = 6, 4000
-    m = manifest(k, limit, batchSize=100)
-    m = m.model_copy(
-        update={"spec": m.spec.model_copy(update={"source": m.spec.generator.model_copy(
-            update={"rate": RateSpec(records_per_second=12_000)})})}
-    )  # fmt: skip
+    m = manifest(k, limit, 12_000, batchSize=100)
     store = MemoryStore()
     await store.init_job("inproc", k)
     await store.publish_assignment(
@@ -173,11 +173,7 @@ async def test_a_commit_the_store_lost_is_redone_from_the_stored_position() -> N
     """The store restarts and loses its last commits (AOF everysec): the worker's next
     commit is fenced on the sequence; it claims again and replays from the store."""
     k, limit = 2, 3000
-    m = manifest(k, limit)
-    m = m.model_copy(
-        update={"spec": m.spec.model_copy(update={"source": m.spec.generator.model_copy(
-            update={"rate": RateSpec(records_per_second=3000)})})}
-    )  # fmt: skip
+    m = manifest(k, limit, 3000)
     store = MemoryStore()
     await store.init_job("inproc", k)
     await store.publish_assignment(
@@ -242,11 +238,7 @@ async def test_outputs_the_sink_lost_are_replayed_from_the_last_commit() -> None
     not happen, the key group is claimed again and replays from its last commit.  The
     state is exact and every record's output is there (some twice)."""
     k, limit = 2, 3000
-    m = manifest(k, limit, batchSize=200)
-    m = m.model_copy(
-        update={"spec": m.spec.model_copy(update={"source": m.spec.generator.model_copy(
-            update={"rate": RateSpec(records_per_second=20_000)})})}
-    )  # fmt: skip
+    m = manifest(k, limit, 20_000, batchSize=200)
     store = MemoryStore()
     await store.init_job("inproc", k)
     await store.publish_assignment(
