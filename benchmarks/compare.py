@@ -159,6 +159,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     sizes = rescale.parse_sizes(args.sizes)
     modes = tuple(m for m in args.flink_modes.split(",") if m)
+    forst_modes = tuple(m for m in args.forst_modes.split(",") if m)
     directions = ((2, 4),) if args.only_up else ((2, 4), (4, 2))
     data: dict[str, Any] = {
         "command": "python -m benchmarks.compare" + "".join(f" {a}" for a in sys.argv[1:]),
@@ -171,6 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "keyshift_repeats": args.repeats,
             "flink_modes": list(modes),
             "flink_backend": "rocksdb",
+            "flink_forst_modes": list(forst_modes),
             "directions": [list(d) for d in directions],
             "failover_sizes": sizes[:1] if args.failover_first_only else sizes,
             "throughput_keys": args.throughput_keys,
@@ -182,6 +184,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "flink_preload_seconds": {},
     }
     clusters = flink.Clusters(WORK / "compare")
+    forst_clusters = flink.Clusters(WORK / "compare-forst", backend="forst")
     try:
         # throughput first: a run cut short during the largest size still has it
         if not args.no_throughput:
@@ -222,9 +225,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 data["rescale"] += fl["rescale"]
                 data["failover"] += fl["failover"]
                 data["flink_preload_seconds"][str(keys)] = fl["preload_seconds"]
+                if forst_modes:
+                    clusters.stop()  # one Flink cluster at a time on 2 cores
+                    say(f"flink ForSt, {keys:,} keys, modes {forst_modes}")
+                    fo = flink.run_size(
+                        keys,
+                        forst_clusters,
+                        modes=forst_modes,
+                        rate=args.rate,
+                        failover=False,
+                        directions=directions,
+                    )
+                    forst_clusters.stop()
+                    data["rescale"] += fo["rescale"]
+                    data["flink_preload_seconds"][f"{keys} forst"] = fo["preload_seconds"]
             write(data, started, args.output)  # partial results survive an interruption
     finally:
         clusters.stop()
+        forst_clusters.stop()
     write(data, started, args.output)
     return data
 
@@ -265,6 +283,8 @@ def plot(data: dict[str, Any], path: Path) -> None:
         color = (
             colors["keyshift"]
             if system == "keyshift"
+            else "tab:brown"
+            if mode.startswith("forst/")
             else colors.get(mode.split("/")[-1], "tab:gray")
         )
         style = "-" if after > before else "--"
@@ -359,7 +379,8 @@ def markdown(data: dict[str, Any], plot_name: str = PLOT.name) -> str:
         "keyshift: `benchmarks/rescale.py`'s runs (`keyshift run` + `keyshift scale --wait`, "
         "Valkey on loopback, checkpointInterval 200 ms, failoverAfter 2 s, "
         f"{cfg['keyshift_repeats']} repeat(s)). Flink: `benchmarks/peers/flink/` — a "
-        "standalone session cluster on loopback (3 TaskManagers x 2 slots, RocksDB, "
+        "standalone session cluster on loopback (3 TaskManagers x 2 slots, RocksDB "
+        "(*forst/...*: the ForSt backend on local disk), "
         "incremental checkpoints every 2 s, heartbeat timeout 4 s), `KeyedCounter.java`; "
         "*canonical* / *native* = stop with a savepoint of that format and resubmit at the "
         "new parallelism; *adaptive* = adaptive scheduler, resource requirements changed "
@@ -478,6 +499,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=2000.0)
     p.add_argument("--repeats", type=int, default=2, help="keyshift rescale repeats per size")
     p.add_argument("--flink-modes", default="canonical,native,adaptive")
+    p.add_argument(
+        "--forst-modes",
+        default="native",
+        help="Flink modes also run with the ForSt state backend (empty: none)",
+    )
     p.add_argument("--only-up", action="store_true", help="2 -> 4 only")
     p.add_argument(
         "--failover-first-only",
@@ -502,6 +528,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.no_results_md = True
     if args.quick:
         args.sizes, args.repeats, args.flink_modes, args.only_up = "1e5,1e6", 1, "native", True
+        args.forst_modes = ""
         args.failover_first_only = True
         args.throughput_records, args.throughput_rounds = 500_000, 1
     return args
