@@ -436,8 +436,8 @@ def markdown(data: dict[str, Any], plot_name: str = PLOT.name) -> str:
             ratio = f"{r['records_per_second'] / base:.2f}" if base else "-"
             lines.append(f"| {r['system']} | {r['mode']} | {r['records_per_second']:,} | {ratio} |")
     lines += ["", *verdicts(data), "", f"![keyshift vs Flink]({plot_name})"]
-    if data.get("notes"):
-        lines += ["", *data["notes"]]
+    for note in data.get("notes") or []:  # a paragraph each
+        lines += ["", note]
     return "\n".join(lines)
 
 

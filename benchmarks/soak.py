@@ -14,10 +14,10 @@ sine (``--rate`` +/- ``--amplitude`` records/s, period ``--period``) with a
 ``limit``, so the input ends after about ``minutes - 30 s`` and the final state is
 known exactly. The autoscaler is on (1..4, short windows).
 
-Every ``--fault-every`` seconds, alternately: ``keyshift scale JOB N --wait`` to a
-parallelism other than the current one (1..4), or a SIGKILL of a random running
-worker (its PID from ``keyshift status --json``; the supervisor restarts it). No
-fault in the input's last 10 s.
+Every ``--fault-every`` seconds, in turn: ``keyshift scale JOB N --wait`` to a
+parallelism other than the current one (1..4), then ``--kills-per-rescale`` (1)
+SIGKILLs, each of a random running worker (its PID from ``keyshift status --json``;
+the supervisor restarts it). No fault in the input's last 10 s.
 
 Sampled every second: the status document (``status.json`` of the run directory,
 which is what ``keyshift status --json`` prints: processed/input rate, lag,
@@ -113,6 +113,8 @@ class SoakConfig:
     """Worker RSS allowed on top of the cache bound: a fresh worker (interpreter, imports,
     buffers) measured ~55 MiB on CPython 3.11; about twice that."""
     fault_every: float = 20.0
+    kills_per_rescale: int = 1
+    """Faults come as this many worker kills, then one manual rescale, and again."""
     checkpoint_ms: int = 200
     seed: int = 11
     job: str = "examples.busy_counter:job"
@@ -428,7 +430,7 @@ def run_soak(config: SoakConfig, workdir: Path) -> dict[str, Any]:
             if time.monotonic() - started > last_fault + 1.0:
                 break  # a slow fault (a rescale waits up to 60 s) ate the rest
             job._alive()
-            kind = "rescale" if n % 2 else "kill"
+            kind = "rescale" if n % (config.kills_per_rescale + 1) == 1 else "kill"
             t = time.time() - t0
             if kind == "rescale":
                 detail = manual_rescale(job, rng)
@@ -780,6 +782,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-mib", type=int, default=SoakConfig.cache_mib)
     parser.add_argument("--overhead-mib", type=float, default=SoakConfig.overhead_mib)
     parser.add_argument("--fault-every", type=float, default=SoakConfig.fault_every)
+    parser.add_argument("--kills-per-rescale", type=int, default=SoakConfig.kills_per_rescale,
+                        help="kills between two manual rescales (the one-hour run: 2)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=SoakConfig.seed)
     parser.add_argument("--job", default=SoakConfig.job)
     parser.add_argument("--workdir", type=Path, help="default: a temporary directory")
@@ -798,7 +802,8 @@ def main(argv: list[str] | None = None) -> int:
     config = SoakConfig(
         minutes=args.minutes, rate=args.rate, amplitude=args.amplitude, period=args.period,
         keys=args.keys, cache_mib=args.cache_mib, overhead_mib=args.overhead_mib,
-        fault_every=args.fault_every, seed=args.seed, job=args.job,
+        fault_every=args.fault_every, kills_per_rescale=args.kills_per_rescale,
+        seed=args.seed, job=args.job,
     )  # fmt: skip
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="keyshift-soak-"))
     workdir.mkdir(parents=True, exist_ok=True)
