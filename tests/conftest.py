@@ -17,6 +17,7 @@ import pytest
 
 from keyshift.store import RedisStateStore, open_store
 from keyshift.store.server import LocalCluster, LocalServer
+from tests.controller.localjob import LocalJob
 from tests.kafka_broker import KafkaBroker
 from tests.prometheus_server import PrometheusServer, prometheus_binary
 from tests.support import WorkerProcess
@@ -100,3 +101,12 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     yield make
     for worker in started:
         worker.stop()
+
+
+@pytest.fixture
+def local_jobs() -> Iterator[list[LocalJob]]:
+    """``keyshift run`` supervisors a test started; each is stopped (Ctrl-C) at the end."""
+    jobs: list[LocalJob] = []
+    yield jobs
+    for job in jobs:
+        job.close()

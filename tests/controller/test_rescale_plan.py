@@ -32,12 +32,14 @@ def obs(
     generation: int,
     workers: dict[int, bool],
     acks: dict[int, int] | None = None,
+    holders: dict[int, int] | None = None,
 ) -> Observation:
     return Observation(
         now=now,
         generation=generation,
         workers={w: WorkerView(w, ready=r, running=True) for w, r in workers.items()},
         acks=acks or {},
+        holders=holders or {},
     )
 
 
@@ -103,9 +105,9 @@ def test_an_old_owner_that_does_not_release_is_forced_after_the_deadline() -> No
     owners = plan_assignment(K, 4)
     r = plan_rescale("j", K, owners, 4, 7, 2, "manual", now=0.0)
     r.phase, r.phase_started_at = "handing_off", 0.0
-    stuck = obs(6, 8, {}, acks={0: 8, 1: 8, 2: 8, 3: 7})
+    stuck = obs(6, 8, {}, acks={0: 8, 1: 8, 2: 8, 3: 7}, holders={6: 3, 7: 3})
     step = next_step(r, stuck, DL)
-    assert step == ForceHandoff(laggards=(3,), forced=frozenset({6, 7}))
+    assert step == ForceHandoff(laggards=(3,), forced=frozenset({6, 7}), excused=frozenset({3}))
     r.handoff_forced, r.to_generation = True, 9
     r.excused_workers = [3]
     assert next_step(r, obs(7, 9, {}, acks={0: 9, 1: 9, 2: 9, 3: 7}), DL) == Advance(
@@ -113,6 +115,29 @@ def test_an_old_owner_that_does_not_release_is_forced_after_the_deadline() -> No
     )
     late = obs(11, 9, {}, acks={0: 8, 1: 9, 2: 9})
     assert isinstance(next_step(r, late, DL), Finish)
+
+
+def test_a_slow_old_owner_that_keeps_key_groups_is_forced_too() -> None:
+    """Scale-up 2 -> 3: worker 0 keeps 0..1 and must release 2..3; it is starved and does
+    not. 2..3 are forced to worker 1, and worker 0 (gaining nothing) is no longer awaited."""
+    r = plan_rescale("j", K, plan_assignment(K, 2), 2, 5, 3, "manual", now=0.0)
+    r.phase, r.phase_started_at = "handing_off", 0.0
+    assert awaited_workers(r) == {0, 1, 2}
+    # worker 1 released 5..7 (worker 2 holds them) and waits for 2..3 from worker 0
+    holders = {2: 0, 3: 0, 5: 2, 6: 2, 7: 2}
+    early = obs(4, 6, {}, acks={0: 5, 1: 5, 2: 6}, holders=holders)
+    assert isinstance(next_step(r, early, DL), Wait)
+    step = next_step(r, obs(6, 6, {}, acks={0: 5, 1: 5, 2: 6}, holders=holders), DL)
+    assert step == ForceHandoff(laggards=(0,), forced=frozenset({2, 3}), excused=frozenset({0}))
+    # a late owner that must also claim stays awaited: worker 1 holds 5, released 6..7
+    held = {2: 0, 3: 0, 5: 1}
+    step = next_step(r, obs(6, 6, {}, acks={0: 5, 1: 5, 2: 5}, holders=held), DL)
+    assert step == ForceHandoff(laggards=(0, 1), forced=frozenset({2, 3, 5}),
+                                excused=frozenset({0}))  # fmt: skip
+    r.handoff_forced, r.to_generation, r.excused_workers = True, 7, [0]
+    assert next_step(r, obs(7, 7, {}, acks={0: 5, 1: 7, 2: 7}), DL) == Advance("finished")
+    stuck = obs(11, 7, {}, acks={0: 5, 1: 6, 2: 7})
+    assert isinstance(next_step(r, stuck, DL), Finish)
 
 
 def test_failover_forces_only_the_lost_workers_key_groups() -> None:

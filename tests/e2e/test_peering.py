@@ -1,4 +1,5 @@
-"""Two operator replicas with kopf peering: one acts, the other takes over when it dies.
+"""Two operator replicas with kopf peering: one acts; when it dies in the middle of a
+rescale, the other takes over and completes the rescale, and nothing is lost.
 
 Emulator only: on a real cluster the chart runs the replicas.
 """
@@ -6,23 +7,37 @@ Emulator only: on a real cluster the chart runs the replicas.
 from __future__ import annotations
 
 import secrets
+import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from keyshift.controller.assignment import plan_assignment
+from keyshift.store import open_store
 from keyshift.store.server import LocalServer
 from tests.e2e.harness import OperatorProcess, real_cluster_settings
 from tests.e2e.kubelet import PodRunner
 from tests.k8s.emulator import KubernetesEmulator
-from tests.support import REPO
+from tests.support import (
+    REPO,
+    all_done,
+    assert_exact_counter_state,
+    assert_owned_as_assigned,
+    wait_for,
+)
 
 pytestmark = pytest.mark.skipif(
     real_cluster_settings() is not None, reason="operator replicas are the chart's on a cluster"
 )
 
 LIFETIME = 4  # seconds a silent peer counts as alive: the takeover delay
+KEY_GROUPS = 6
+LIMIT = 6000  # records per key group: the job ends, so the final state is exact
+SOURCE = {"type": "generator", "keys": 300, "rate": {"recordsPerSecond": 1200},
+          "limit": LIMIT, "seed": 3}  # fmt: skip
+"""30 s of input: the rescale comes in the middle of it."""
 
 
 def streamjob(name: str, store_url: str, parallelism: int) -> str:
@@ -31,14 +46,14 @@ def streamjob(name: str, store_url: str, parallelism: int) -> str:
         "kind": "StreamJob",
         "metadata": {"name": name},
         "spec": {
-            "job": "examples.counter:job", "keyGroups": 4, "parallelism": parallelism,
-            "source": {"type": "generator", "keys": 100, "rate": {"recordsPerSecond": 200}},
-            "stateStore": {"url": store_url}, "failoverAfter": "2s",
+            "job": "examples.counter:job", "keyGroups": KEY_GROUPS, "parallelism": parallelism,
+            "source": SOURCE, "stateStore": {"url": store_url}, "failoverAfter": "2s",
+            "checkpointInterval": "200ms",
         },
     })  # fmt: skip
 
 
-def test_one_replica_acts_and_the_other_takes_over(
+async def test_the_leader_dies_during_a_rescale_and_the_standby_completes_it(
     k8s: KubernetesEmulator, pod_runner: PodRunner, standalone_server: LocalServer,
     tmp_path: Path,
 ) -> None:  # fmt: skip
@@ -48,13 +63,17 @@ def test_one_replica_acts_and_the_other_takes_over(
         "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "default"},
     }))  # fmt: skip
 
-    def replica(priority: int) -> OperatorProcess:
+    def replica(priority: int, **env: str) -> OperatorProcess:
         options = ("--peering", "default", "--priority", str(priority),
                    "--peering-lifetime", str(LIFETIME))  # fmt: skip
         return OperatorProcess(k8s.kubeconfig, tmp_path / f"operator-{priority}.log",
-                               options=options).start()  # fmt: skip
+                               options=options).start(**env)  # fmt: skip
 
-    leader, standby = replica(200), replica(100)
+    # the leader dies right after it publishes its second assignment (the first is the
+    # deployment's): in the middle of the rescale 1 -> 3, its key groups handing off
+    leader = replica(200, KEYSHIFT_CRASH_POINTS="executor.publish.after@2")
+    standby = replica(100)
+    store = open_store(standalone_server.url, retry_seconds=10)
     try:
 
         def peers() -> dict[str, Any]:
@@ -78,13 +97,24 @@ def test_one_replica_acts_and_the_other_takes_over(
         assert name not in standby.output(tail=500), standby.output()
         assert name in leader.output(tail=500)
 
-        leader.kill()
-        k8s.patch("streamjobs.keyshift.dev", name, {"spec": {"parallelism": 2}})
-        k8s.wait_for(
-            lambda: status().get("phase") == "Running" and status().get("parallelism") == 2,
-            60, "the standby to take over and rescale",
+        k8s.patch("streamjobs.keyshift.dev", name, {"spec": {"parallelism": 3}})
+        assert leader.wait_exit(60) == -signal.SIGKILL, leader.output()
+        done = k8s.wait_for(
+            lambda: status().get("phase") == "Running" and status().get("parallelism") == 3
+            and status().get("rescale") is None and status(),
+            60, "the standby to take over and complete the rescale",
         )  # fmt: skip
         assert name in standby.output(tail=500)
+        last = done["rescales"][-1]
+        assert (last["from"], last["to"], last["outcome"]) == (1, 3, "succeeded"), last
+
+        await wait_for(lambda: all_done(store, name, KEY_GROUPS, LIMIT), 90, "every record")
+        spec = {k: v for k, v in SOURCE.items() if k != "type"}
+        await assert_exact_counter_state(store, name, spec, KEY_GROUPS, LIMIT)
+        assignment = await store.get_assignment(name)
+        assert assignment is not None and assignment.owners == plan_assignment(KEY_GROUPS, 3)
+        await assert_owned_as_assigned(store, name, assignment)
     finally:
         leader.stop()
         standby.stop()
+        await store.close()

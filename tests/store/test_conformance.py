@@ -185,6 +185,15 @@ async def test_release_marks_generation_and_fences_the_releaser(
         await store.release(job, 5, epoch=c.epoch, token=c.token, generation=3)
 
 
+async def test_owners_names_each_key_groups_holder(store: RedisStateStore, job: str) -> None:
+    await store.init_job(job, 8)
+    c = await store.claim(job, 1, "w0", generation=1)
+    await store.claim(job, 2, "w1", generation=1)
+    assert await store.owners(job, [1, 2, 3]) == {1: "w0", 2: "w1", 3: ""}
+    await store.release(job, 1, epoch=c.epoch, token=c.token, generation=2)
+    assert await store.owners(job, [1, 2]) == {1: "", 2: "w1"}
+
+
 async def test_large_commit_is_atomic_and_complete(store: RedisStateStore, job: str) -> None:
     c = await store.claim(job, 0, "w")
     puts = {f"k{i}".encode(): f"v{i}".encode() * 10 for i in range(10_000)}

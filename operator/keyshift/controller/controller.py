@@ -20,6 +20,7 @@ from keyshift.controller.pool import WorkerPool
 from keyshift.controller.reconcile import Desired, decide
 from keyshift.controller.records import RecordStore
 from keyshift.controller.rescale import Deadlines, Rescale
+from keyshift.runtime.config import StreamJobSpec
 from keyshift.store.protocol import Assignment, StateStore, StoreError
 
 log = logging.getLogger("keyshift.controller")
@@ -30,6 +31,16 @@ class ControllerSettings:
     failover_after: float = 3.0
     tick_seconds: float = 0.2
     deadlines: Deadlines = field(default_factory=Deadlines)
+
+    @classmethod
+    def for_spec(
+        cls, spec: StreamJobSpec, *, failover_after: float | None = None
+    ) -> ControllerSettings:
+        """The spec's timings (``failover_after`` overrides the spec's)."""
+        return cls(
+            failover_after=failover_after or spec.failover_after,
+            deadlines=Deadlines(handoff_seconds=spec.handoff_timeout),
+        )
 
 
 STORE_STALL_SECONDS = 1.0

@@ -73,6 +73,14 @@ class RescaleExecutor:
             ordinal = ordinal_of(self.job, name)
             if ordinal is not None:
                 acks[ordinal] = generation
+        holders: dict[int, int] = {}
+        r = self.record.current
+        if r is not None and r.phase == "handing_off" and r.from_owners:
+            owners = await self.store.owners(self.job, moved(r.from_owners, r.to_owners))
+            for kg, name in owners.items():
+                ordinal = ordinal_of(self.job, name)
+                if ordinal is not None:
+                    holders[kg] = ordinal
         return Observation(
             now=self.clock(),
             generation=0 if assignment is None else assignment.generation,
@@ -81,6 +89,7 @@ class RescaleExecutor:
                 for o, w in workers.items()
             },
             acks=acks,
+            holders=holders,
         )
 
     async def begin(self, rescale: Rescale) -> None:
@@ -160,7 +169,7 @@ class RescaleExecutor:
         )
         r.to_generation = generation
         r.forced = sorted(step.forced)
-        r.excused_workers = sorted(set(r.excused_workers) | set(step.laggards))
+        r.excused_workers = sorted(set(r.excused_workers) | step.excused)
         r.handoff_forced = True
         await self.records.save(self.record)
         self.on_event(

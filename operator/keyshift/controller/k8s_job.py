@@ -232,7 +232,7 @@ class JobRunner:
             self.name, info.key_groups, self.store, self.pool,
             StatusRecordStore(self.api, self.namespace, self.name, record),
             desired=self.desired,
-            settings=ControllerSettings(failover_after=spec.failover_after),
+            settings=ControllerSettings.for_spec(spec),
             on_event=lambda kind, message: self.post_event(kind, event_reason(message), message),
         )  # fmt: skip
         return self.controller

@@ -287,7 +287,7 @@ class LocalRun:
             controller = Controller(
                 self.job, self.spec.key_groups, store, pool, records,
                 desired=self._desired,
-                settings=ControllerSettings(failover_after=self.failover_after),
+                settings=ControllerSettings.for_spec(self.spec, failover_after=self.failover_after),
                 on_event=self.event,
             )  # fmt: skip
             self._install_signals()

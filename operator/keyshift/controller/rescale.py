@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import msgspec
@@ -181,6 +181,9 @@ class Observation:
     workers: Mapping[int, WorkerView]
     acks: Mapping[int, int]
     """Worker ordinal -> the generation it reports running."""
+    holders: Mapping[int, int] = field(default_factory=dict)
+    """During a handoff: moving key group -> the ordinal of the worker the store names as its
+    owner (absent while it is released)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +216,8 @@ class ForceHandoff:
 
     laggards: tuple[int, ...]
     forced: frozenset[int]
+    excused: frozenset[int]
+    """Laggards no longer awaited: those that gain no key group in this rescale."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,12 +291,17 @@ def next_step(r: Rescale, obs: Observation, deadlines: Deadlines) -> Step:
         waiting = sorted(w for w in awaited_workers(r) if obs.acks.get(w, 0) < r.to_generation)
         if not waiting:
             return Advance("stopping_workers" if r.stop_workers else "finished")
-        # old owners that have not released: past the deadline, claim their key groups by force
-        laggards = tuple(w for w in waiting if w not in r.to_owners)
+        # old owners still holding a moving key group (slow, starved or hung, whether or not
+        # they keep others): past the deadline, those key groups are claimed by force. A
+        # laggard is no longer awaited unless it must also claim a key group.
+        losing = moved(r.from_owners, r.to_owners) if r.from_owners else []
+        unreleased = [kg for kg in losing if obs.holders.get(kg) == r.from_owners[kg]]
+        laggards = tuple(sorted({r.from_owners[kg] for kg in unreleased} & set(waiting)))
         if laggards and not r.handoff_forced and elapsed > deadlines.handoff_seconds:
-            losing = moved(r.from_owners, r.to_owners)
-            forced = frozenset(kg for kg in losing if r.from_owners[kg] in laggards)
-            return ForceHandoff(laggards, forced | frozenset(r.forced))
+            forced = frozenset(kg for kg in unreleased if r.from_owners[kg] in laggards)
+            gaining = {r.to_owners[kg] for kg in losing}
+            excused = frozenset(w for w in laggards if w not in gaining)
+            return ForceHandoff(laggards, forced | frozenset(r.forced), excused)
         limit = deadlines.handoff_seconds + deadlines.forced_handoff_seconds
         if elapsed > limit:
             return Finish(

@@ -59,6 +59,7 @@ def status_document(
             "ready": info.ready,
             "running": info.running,
             "pid": info.pid,
+            "metrics_url": info.metrics_url,
             "detail": info.detail,
             "processed_rate": None if wl is None else wl.processed_rate,
             "busy_ratio": None if wl is None else wl.busy_ratio,

@@ -480,6 +480,9 @@ class StreamJobSpec(Model):
     failover_after: Seconds = 10.0
     """A worker not ready for this long loses its key groups to the others: a number of
     seconds or a duration such as ``3s`` or ``1m``."""
+    handoff_timeout: Seconds = 15.0
+    """In a rescale, the old owner of a moving key group must release it within this; after
+    it the new owner claims it by force, and the late owner's commits are fenced."""
     autoscaler: AutoscalerSpec = Field(default_factory=AutoscalerSpec)
     """Automatic choice of ``parallelism``."""
     image: str = Field(default="keyshift/keyshift:0.1.0", min_length=1)

@@ -263,6 +263,11 @@ class StateStore(Protocol):
 
     async def key_group_info(self, job: str, key_group: int) -> KeyGroupInfo: ...
 
+    async def owners(self, job: str, key_groups: Collection[int]) -> dict[int, str]:
+        """The owner each key group has in the store ("" when released or never claimed):
+        one field per key group, cheap enough to poll during a handoff."""
+        ...
+
     # -- reads -------------------------------------------------------------
     async def get_many(
         self, job: str, key_group: int, state_name: str, keys: Collection[bytes]

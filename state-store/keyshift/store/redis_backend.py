@@ -316,6 +316,14 @@ class RedisStateStore:
             last_pause=_float(meta.get(b"pause")),
         )
 
+    async def owners(self, job: str, key_groups: Collection[int]) -> dict[int, str]:
+        found: dict[int, str] = {}
+        for kg in key_groups:  # one key per call: key groups span cluster slots
+            hget = partial(self._client.hget, keys.meta(job, kg), "owner")
+            raw = await self._retrying("owners", hget)
+            found[kg] = raw.decode() if raw else ""
+        return found
+
     # -- reads ---------------------------------------------------------------
 
     async def get_many(
