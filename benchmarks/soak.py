@@ -304,17 +304,24 @@ def manual_rescale(job: LocalJob, rng: random.Random) -> dict[str, Any]:
 
 
 def kill_worker(job: LocalJob, sampler: Sampler, rng: random.Random, limit: int) -> dict[str, Any]:
-    status = job.status()  # keyshift status --json
-    running = [w for w in status["workers"] if w.get("pid") and w.get("running")]
-    owning = [w for w in running if w.get("key_groups")]  # not one a rescale is stopping
-    running = owning or running
-    if not running:
-        return {"skipped": "no running worker"}
-    victim = rng.choice(running)
-    groups = [int(kg) for kg in victim["key_groups"]]
-    before = sampler.positions()
-    killed_at = time.monotonic()
-    os.kill(int(victim["pid"]), signal.SIGKILL)
+    for _ in range(5):  # the status is up to a second old: its PID may have exited since
+        status = job.status()  # keyshift status --json
+        running = [w for w in status["workers"] if w.get("pid") and w.get("running")]
+        owning = [w for w in running if w.get("key_groups")]  # not one a rescale is stopping
+        running = owning or running
+        if not running:
+            return {"skipped": "no running worker"}
+        victim = rng.choice(running)
+        groups = [int(kg) for kg in victim["key_groups"]]
+        before = sampler.positions()
+        killed_at = time.monotonic()
+        try:
+            os.kill(int(victim["pid"]), signal.SIGKILL)
+            break
+        except ProcessLookupError:
+            time.sleep(0.5)  # a new status document, not synchronisation
+    else:
+        return {"skipped": "every chosen worker had exited already"}
     waiting = {kg for kg in groups if before[kg] < limit}
     if not waiting:
         return {"ordinal": victim["ordinal"], "pid": victim["pid"], "key_groups": groups,
