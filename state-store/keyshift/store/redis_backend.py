@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Mapping
@@ -44,6 +45,8 @@ from keyshift.store.protocol import (
 )
 
 T = TypeVar("T")
+
+log = logging.getLogger("keyshift.store")
 
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     rexc.ConnectionError,
@@ -124,14 +127,20 @@ class RedisStateStore:
 
     async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """Run ``call``, retrying transient errors with capped exponential back-off."""
-        deadline = time.monotonic() + self.retry_seconds
+        started = time.monotonic()
+        deadline = started + self.retry_seconds
         delay = 0.02
+        failures = 0
         while True:
             try:
                 if not self._initialized:
                     await self._initialize()
-                return await call()
+                result = await call()
             except TRANSIENT_ERRORS as exc:
+                failures += 1
+                if failures == 1:  # a retried call leaves a trace, once
+                    log.warning("store %s failed (%s: %s); retrying for up to %.0fs",
+                                what, type(exc).__name__, exc, self.retry_seconds)  # fmt: skip
                 if time.monotonic() + delay > deadline:
                     raise StoreUnavailable(
                         f"state store unreachable for {self.retry_seconds:.0f}s during {what}: "
@@ -139,6 +148,11 @@ class RedisStateStore:
                     ) from exc
                 await asyncio.sleep(delay * (0.5 + secrets.randbelow(1000) / 1000))
                 delay = min(delay * 2, 1.0)
+            else:
+                if failures:
+                    log.warning("store %s succeeded after %d retries in %.1fs",
+                                what, failures, time.monotonic() - started)  # fmt: skip
+                return result
 
     async def _script(self, name: str, keys_: list[str], args: list[Any]) -> Any:
         script = self._scripts[name]
