@@ -88,9 +88,18 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
         broker.stop()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Keep each phase's report on the test item, for fixtures that look at the outcome."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    """Start worker processes; all are stopped (by PID) when the test ends."""
+def spawn(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start worker processes; all are stopped (by PID) when the test ends.  When the
+    test failed, the end of each worker's log is printed with its report."""
     started: list[WorkerProcess] = []
 
     def make(manifest: Path, ordinal: int, store_url: str, **kwargs: Any) -> WorkerProcess:
@@ -101,6 +110,11 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     yield make
     for worker in started:
         worker.stop()
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed:
+        for worker in started:
+            print(f"\n--- end of worker {worker.ordinal}'s log ({worker.log_path}) ---")
+            print(worker.log())
 
 
 @pytest.fixture

@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 S3_SERVER = Path(
     os.environ.get("KEYSHIFT_S3_SERVER", REPO / ".work" / "s3" / "bin" / "moto_server")
 )
-"""An S3-compatible server for Tansu's S3 storage: ``moto_server`` from PyPI ``moto[server]``,
-in a venv of its own (``.ci/run`` makes it: its botocore pins a python-dateutil older
+"""An S3-compatible server for Tansu's S3 storage: ``moto_server`` from PyPI ``moto[s3]``
+and flask, in a venv of its own (``.ci/run`` makes it: its botocore pins a python-dateutil older
 than the Kubernetes client accepts)."""
 
 
@@ -51,7 +51,7 @@ class S3Server:
         if not S3_SERVER.exists():
             raise FileNotFoundError(
                 f"{S3_SERVER} is missing: python3 -m venv .work/s3 && "
-                ".work/s3/bin/pip install 'moto[server]>=5.1,<6' (see .ci/run)"
+                ".work/s3/bin/pip install 'moto[s3]>=5.1,<6' flask flask-cors (see .ci/run)"
             )
         with (self.directory / "s3.log").open("ab") as log:
             self.process = subprocess.Popen(

@@ -51,21 +51,45 @@ def find_server_binary() -> str:
     )
 
 
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (inclusive); Linux's
+    default when it cannot be read."""
+    try:
+        first, last = EPHEMERAL_PORTS.read_text().split()
+        return int(first), int(last)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def listening_ports(low: int, high: int, ephemeral: tuple[int, int]) -> range:
+    """The ports of ``[low, high)`` to listen on: those below the ephemeral range.
+
+    A port picked free can be taken, before the server binds it, as the local port
+    of any outgoing connection, if it lies in the ephemeral range; the server then
+    fails to start with "address already in use".
+    """
+    return range(low, min(high, ephemeral[0]) if ephemeral[0] > low + 1000 else high)
+
+
 def free_port(low: int = 20000, high: int = 55000) -> int:
-    """A loopback TCP port in ``[low, high)`` that is free now.
+    """A loopback TCP port in ``[low, high)``, outside the ephemeral range, free now.
 
     Below 55535 so that a cluster node's bus port (our explicit ``cluster-port``
     aside, Valkey refuses larger ports in cluster mode).
     """
+    ports = listening_ports(low, high, ephemeral_port_range())
     for _ in range(200):
-        port = low + secrets.randbelow(high - low)
+        port = ports[secrets.randbelow(len(ports))]
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    raise ServerStartError(f"no free loopback port in [{low}, {high})")
+    raise ServerStartError(f"no free loopback port in [{ports.start}, {ports.stop})")
 
 
 def wait_until(predicate: object, timeout: float, what: str, interval: float = 0.05) -> None:
