@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -91,6 +92,7 @@ TAIL_SECONDS = 30.0
 QUIET_BEFORE_END = 10.0
 """No fault in the input's last seconds."""
 RSS_GROWTH_LIMIT = 1.2
+MACHINE_PAUSE_SECONDS = 1.0
 PLANNED = ("manual", "autoscaler", "rebalance")
 
 T0 = time.monotonic()
@@ -174,6 +176,9 @@ class Sample:
     supervisor_rss_mib: float | None
     store_used_mib: float | None
     store_rss_mib: float | None
+    monotonic: float = 0.0
+    """``time.monotonic()`` when ``t`` was read: a pause of the machine shows as a jump
+    of ``t`` (the wall clock) that the monotonic clock does not have."""
 
 
 @dataclass
@@ -267,6 +272,7 @@ class Sampler(threading.Thread):
                 supervisor_rss_mib=None if supervisor is None else rss_mib(supervisor.pid),
                 store_used_mib=int(memory["used_memory"]) / MIB,
                 store_rss_mib=int(memory["used_memory_rss"]) / MIB,
+                monotonic=round(time.monotonic(), 2),
             )
         )
         self.merge_history()
@@ -383,6 +389,24 @@ async def ownership_problem(url: str) -> str | None:
 
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+def machine_pauses(
+    samples: list[tuple[float, float]], threshold: float = MACHINE_PAUSE_SECONDS
+) -> list[dict[str, float]]:
+    """``(wall, monotonic)`` clock pairs: where the wall clock ran ahead of the monotonic
+    one by more than ``threshold`` between two samples.
+
+    A virtual machine paused (snapshotted) stops every process and the monotonic
+    clock; on resume the wall clock is set forward.  Everything then looks stalled for
+    that long, in wall-clock figures only.
+    """
+    pauses = []
+    for (w0, m0), (w1, m1) in itertools.pairwise(samples):
+        jump = (w1 - w0) - (m1 - m0)
+        if jump > threshold:
+            pauses.append({"t": round(w0, 2), "seconds": round(jump, 2)})
+    return pauses
 
 
 def rss_trend(series: list[tuple[float, float]]) -> dict[str, Any]:
@@ -530,6 +554,7 @@ def summarize(
     )
     lifetimes = [last - first for first, last in sampler.lifetimes.values()]
     early = [m for s in samples[:10] for m in s.worker_rss_mib.values()]
+    paused = machine_pauses([(s.t, s.monotonic) for s in samples if s.monotonic])
     checks = {
         "state_mismatches_zero": mismatches == 0,
         "lost_records_zero": expected - processed == 0,
@@ -571,6 +596,7 @@ def summarize(
         "supervisor_rss_trend": supervisor_trend,
         "worker_processes": len(lifetimes),
         "longest_worker_lifetime_seconds": round(max(lifetimes, default=0.0), 1),
+        "machine_pauses": paused,
         "store_used_memory_mib": {
             "max": round(max(store_used, default=0.0), 1),
             "final": round(store_used[-1], 1) if store_used else None,
@@ -611,6 +637,7 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(r["rescales_by_reason"].items()))
     trend = r["worker_rss_trend"]
     failed = [k for k, v in r["checks"].items() if not v]
+    paused = r.get("machine_pauses") or []
 
     def s(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f} s"
@@ -637,6 +664,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         f"{(r.get('supervisor_rss_trend') or {}).get('ratio')})",
         f"worker processes: {r.get('worker_processes', '?')}, the longest-lived sampled for "
         f"{r.get('longest_worker_lifetime_seconds', '?')} s",
+        "machine paused (wall clock ahead of the monotonic clock): "
+        + (", ".join(f"{p['seconds']:.1f} s at t={p['t']:.0f}" for p in paused) or "never"),
     ]
 
 
@@ -668,6 +697,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for f in result["fault_log"]:
         color = "tab:red" if f["kind"] == "kill" else "tab:purple"
         ax1.axvline(f["t"], color=color, ls=":", lw=0.9)
+    for p in result.get("machine_pauses") or []:
+        ax1.axvspan(p["t"], p["t"] + p["seconds"], color="0.85", zorder=0)
+    if result.get("machine_pauses"):
+        ax1.fill_between([], [], color="0.85", label="machine paused (VM snapshot)")
     ax1.plot([], [], color="tab:red", ls=":", label="SIGKILL")
     ax1.plot([], [], color="tab:purple", ls=":", label="manual rescale")
     lines = ax1.get_legend_handles_labels()

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.soak import SoakConfig, run_soak, summary_lines
-
-pytestmark = pytest.mark.slow
+from benchmarks.soak import SoakConfig, machine_pauses, run_soak, summary_lines
 
 MINUTES = 3.0
 
 
+@pytest.mark.slow
 def test_three_minutes_of_faults_leave_the_state_exact(tmp_path: Path) -> None:
     config = SoakConfig(minutes=MINUTES)
     result = run_soak(config, tmp_path)
@@ -38,3 +37,13 @@ def test_three_minutes_of_faults_leave_the_state_exact(tmp_path: Path) -> None:
     assert result["rescale_outcomes"].get("failed", 0) == 0, report
     assert result["rescales_by_reason"].get("failover", 0) >= 1, report
     assert all(result["checks"].values()), report
+
+
+def test_a_paused_machine_is_told_apart_from_a_stalled_job() -> None:
+    """The one-hour run's 31 s "stall": the wall clock jumped 31 s between two samples,
+    the monotonic clock 1 s (a VM snapshot stops it).  A clock slewed by NTP is no pause."""
+    wall = [1318.85, 1319.85, 1320.85, 1351.88, 1352.87]
+    mono = [100.0, 101.0, 102.0, 103.03, 104.02]
+    assert machine_pauses(list(zip(wall, mono, strict=True))) == [{"t": 1320.85, "seconds": 30.0}]
+    slewed = [(t + 0.3 * i, float(i)) for i, t in enumerate(range(10))]
+    assert machine_pauses(slewed) == []
