@@ -8,6 +8,7 @@ Each worker has its own registry, so several workers can live in one process
 from __future__ import annotations
 
 import contextlib
+import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -89,6 +90,7 @@ class WorkerMetrics:
         ).labels(**self.labels)
         self._last_hits = 0
         self._last_misses = 0
+        self._counts_lock = threading.Lock()
 
     def source(self, key_group: int, end: int, position: int) -> None:
         kg = str(key_group)
@@ -106,10 +108,15 @@ class WorkerMetrics:
                 gauge.remove(self.labels["job"], self.labels["worker"], kg)
 
     def cache_counts(self, hits: int, misses: int) -> None:
-        """Bring the cache counters up to the cache's own running totals."""
-        self.cache_hits.inc(hits - self._last_hits)
-        self.cache_misses.inc(misses - self._last_misses)
-        self._last_hits, self._last_misses = hits, misses
+        """Bring the cache counters up to the cache's own running totals.
+
+        Called from the event loop and from the HTTP thread before a scrape: the lock
+        keeps the two from adding the same difference twice."""
+        with self._counts_lock:
+            self.cache_hits.inc(max(0, hits - self._last_hits))
+            self.cache_misses.inc(max(0, misses - self._last_misses))
+            self._last_hits = max(self._last_hits, hits)
+            self._last_misses = max(self._last_misses, misses)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
