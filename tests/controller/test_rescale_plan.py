@@ -17,6 +17,7 @@ from keyshift.controller.rescale import (
     Wait,
     WorkerView,
     awaited_workers,
+    needs_holders,
     next_step,
     plan_failover_rescale,
     plan_rescale,
@@ -115,6 +116,29 @@ def test_an_old_owner_that_does_not_release_is_forced_after_the_deadline() -> No
     )
     late = obs(11, 9, {}, acks={0: 8, 1: 9, 2: 9})
     assert isinstance(next_step(r, late, DL), Finish)
+
+
+def test_the_holders_are_read_only_when_the_decision_depends_on_them() -> None:
+    """The executor asks the store who holds the moving key groups only when
+    ``needs_holders``; at every other moment the step is the same without them."""
+    r = plan_rescale("j", K, plan_assignment(K, 2), 2, 5, 3, "manual", now=0.0)
+    holders = {2: 0, 3: 0}
+    acks = {0: 5, 1: 5, 2: 6}
+    for phase, forced, now in [
+        ("publishing", False, 9.0),
+        ("handing_off", False, 4.0),
+        ("handing_off", False, 6.0),
+        ("handing_off", True, 6.0),
+        ("stopping_workers", False, 9.0),
+    ]:
+        r.phase, r.phase_started_at, r.handoff_forced = phase, 0.0, forced
+        with_holders = next_step(r, obs(now, 5, {}, acks=acks, holders=holders), DL)
+        without = next_step(r, obs(now, 5, {}, acks=acks), DL)
+        if not needs_holders(r, now, DL):
+            assert with_holders == without, (phase, forced, now)
+        else:
+            assert (phase, forced, now) == ("handing_off", False, 6.0)
+            assert isinstance(with_holders, ForceHandoff) and isinstance(without, Wait)
 
 
 def test_a_slow_old_owner_that_keeps_key_groups_is_forced_too() -> None:

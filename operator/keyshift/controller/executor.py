@@ -31,6 +31,7 @@ from keyshift.controller.rescale import (
     StopWorkers,
     Wait,
     WorkerView,
+    needs_holders,
     next_step,
 )
 from keyshift.runtime.config import ordinal_of, worker_name
@@ -75,14 +76,15 @@ class RescaleExecutor:
                 acks[ordinal] = generation
         holders: dict[int, int] = {}
         r = self.record.current
-        if r is not None and r.phase == "handing_off" and r.from_owners:
+        now = self.clock()
+        if r is not None and needs_holders(r, now, self.deadlines):
             owners = await self.store.owners(self.job, moved(r.from_owners, r.to_owners))
             for kg, name in owners.items():
                 ordinal = ordinal_of(self.job, name)
                 if ordinal is not None:
                     holders[kg] = ordinal
         return Observation(
-            now=self.clock(),
+            now=now,
             generation=0 if assignment is None else assignment.generation,
             workers={
                 o: WorkerView(o, ready=w.ready, running=w.running, detail=w.detail)

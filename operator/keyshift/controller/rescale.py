@@ -247,6 +247,17 @@ def awaited_workers(r: Rescale) -> set[int]:
     return (new_owners | losers) - set(r.excused_workers)
 
 
+def needs_holders(r: Rescale, now: float, deadlines: Deadlines) -> bool:
+    """Whether :func:`next_step` looks at ``Observation.holders`` now: only a handoff
+    past its deadline, not yet forced, does (so the store is not asked every tick)."""
+    return (
+        r.phase == "handing_off"
+        and bool(r.from_owners)
+        and not r.handoff_forced
+        and now - r.phase_started_at > deadlines.handoff_seconds
+    )
+
+
 def next_step(r: Rescale, obs: Observation, deadlines: Deadlines) -> Step:
     """What the executor does next for rescale ``r``, given what it observes."""
     elapsed = obs.now - r.phase_started_at
