@@ -8,6 +8,7 @@ loopback; every one is stopped by its PID at the end of its test.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
+from keyshift.controller.assignment import plan_assignment
 from keyshift.runtime.api import decode_key
 from keyshift.runtime.config import GeneratorSource, StreamJob, worker_name
 from keyshift.runtime.expected import counter_state_encoded
@@ -161,23 +163,52 @@ class WorkerProcess:
 
     def metric(self, name: str) -> float:
         """The value of an unlabelled-by-key-group metric (0 if absent)."""
-        for line in self.get("/metrics").text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
+        return metric_value(f"http://127.0.0.1:{self.http_port}", name)
+
+
+def metric_value(url: str, name: str, *, required: bool = False) -> float:
+    """The value of the unlabelled-by-key-group metric ``name`` at ``url`` + "/metrics":
+    0 if absent, or an AssertionError if ``required``."""
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    if required:
+        raise AssertionError(f"no {name} at {url}/metrics")
+    return 0.0
 
 
 async def wait_for(
-    condition: Callable[[], Awaitable[bool]], seconds: float, what: str, interval: float = 0.1
+    condition: Callable[[], bool | Awaitable[bool]],
+    seconds: float,
+    what: str,
+    interval: float = 0.1,
 ) -> None:
-    """Poll an async condition until true, or fail naming what was awaited."""
+    """Poll a condition (sync or async) until true, or fail naming what was awaited."""
     deadline = time.monotonic() + seconds
     while True:
-        if await condition():
+        result = condition()
+        if await result if inspect.isawaitable(result) else result:
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {seconds:.0f}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+async def deploy(
+    store: RedisStateStore,
+    job: str,
+    key_groups: int,
+    parallelism: int,
+    manifest: Path,
+    store_url: str,
+    spawn: Callable[..., WorkerProcess],
+) -> list[WorkerProcess]:
+    """Deploy ``job`` by hand: initialise it in the store with ``key_groups``, publish its
+    first assignment (generation 1) over ``parallelism`` workers, and spawn those workers."""
+    await store.init_job(job, key_groups)
+    assignment = Assignment(1, parallelism, plan_assignment(key_groups, parallelism))
+    await store.publish_assignment(job, assignment, expected_generation=0)
+    return [spawn(manifest, ordinal, store_url) for ordinal in range(parallelism)]
 
 
 async def positions(store: RedisStateStore, job: str, key_groups: int) -> list[int]:

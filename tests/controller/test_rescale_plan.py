@@ -11,6 +11,7 @@ from keyshift.controller.rescale import (
     Finish,
     ForceHandoff,
     Observation,
+    Phase,
     Publish,
     StartWorkers,
     StopWorkers,
@@ -124,13 +125,14 @@ def test_the_holders_are_read_only_when_the_decision_depends_on_them() -> None:
     r = plan_rescale("j", K, plan_assignment(K, 2), 2, 5, 3, "manual", now=0.0)
     holders = {2: 0, 3: 0}
     acks = {0: 5, 1: 5, 2: 6}
-    for phase, forced, now in [
+    cases: list[tuple[Phase, bool, float]] = [
         ("publishing", False, 9.0),
         ("handing_off", False, 4.0),
         ("handing_off", False, 6.0),
         ("handing_off", True, 6.0),
         ("stopping_workers", False, 9.0),
-    ]:
+    ]
+    for phase, forced, now in cases:
         r.phase, r.phase_started_at, r.handoff_forced = phase, 0.0, forced
         with_holders = next_step(r, obs(now, 5, {}, acks=acks, holders=holders), DL)
         without = next_step(r, obs(now, 5, {}, acks=acks), DL)

@@ -29,6 +29,7 @@ from tests.support import (
     assert_exact_counter_state,
     assert_owned_as_assigned,
     counter_manifest,
+    deploy,
     positions,
     wait_for,
     write_manifest,
@@ -56,13 +57,6 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 def info(node: LocalServer, section: str) -> dict[str, str]:
     with node.client() as c:
         return {k: str(v) for k, v in c.info(section).items()}
-
-
-def cluster_state(node: LocalServer) -> str:
-    with node.client() as c:
-        raw = c.execute_command("CLUSTER", "INFO")
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return dict(line.split(":", 1) for line in text.split() if ":" in line)["cluster_state"]
 
 
 def master_of(cluster: LocalCluster, key: str) -> int:
@@ -95,10 +89,7 @@ async def test_a_master_killed_its_replica_promoted_without_the_last_commits(
     )  # fmt: skip
     store = open_store(url, retry_seconds=60)
     try:
-        await store.init_job(job, K)
-        assignment = Assignment(1, 2, plan_assignment(K, 2))
-        await store.publish_assignment(job, assignment, expected_generation=0)
-        workers = [spawn(manifest, ordinal, url) for ordinal in range(2)]
+        workers = await deploy(store, job, K, 2, manifest, url, spawn)
 
         async def progress() -> bool:
             return min(await positions(store, job, K)) > LIMIT // 10
@@ -131,7 +122,9 @@ async def test_a_master_killed_its_replica_promoted_without_the_last_commits(
 
         async def promoted() -> bool:
             return info(replica, "replication")["role"] == "master" and all(
-                cluster_state(n) == "ok" for n in cluster.nodes if n.process is not None
+                cluster.info(n)["cluster_state"] == "ok"
+                for n in cluster.nodes
+                if n.process is not None
             )
 
         await wait_for(promoted, 30, "the replica to be promoted")
@@ -141,7 +134,7 @@ async def test_a_master_killed_its_replica_promoted_without_the_last_commits(
 
         await wait_for(done, 90, "every record after the failover")
         await assert_exact_counter_state(store, job, SOURCE, K, LIMIT)
-        await assert_owned_as_assigned(store, job, assignment)
+        await assert_owned_as_assigned(store, job, Assignment(1, 2, plan_assignment(K, 2)))
         # the lost commits were found: the key groups' next commits were fenced by sequence
         fenced = sum(w.metric("keyshift_commits_fenced_total") for w in workers)
         assert fenced >= 1, "no commit was fenced: the failover lost nothing"

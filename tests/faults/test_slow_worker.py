@@ -19,9 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from keyshift.controller.assignment import moved, plan_assignment
 from keyshift.runtime.config import worker_name
@@ -31,6 +29,7 @@ from tests.support import (
     assert_exact_counter_state,
     assert_owned_as_assigned,
     counter_manifest,
+    metric_value,
     positions,
     wait_for,
     write_manifest,
@@ -75,15 +74,6 @@ class Starver:
         self._thread.join()
 
 
-def fenced_commits(metrics_url: str) -> float:
-    text = httpx.get(metrics_url, timeout=5).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "keyshift_commits_fenced_total":
-                return float(sample.value)
-    raise AssertionError(f"no keyshift_commits_fenced_total at {metrics_url}")
-
-
 async def test_a_cpu_starved_worker_misses_the_handoff_deadline_and_is_fenced(
     tmp_path: Path, local_jobs: list[LocalJob]
 ) -> None:
@@ -116,11 +106,11 @@ async def test_a_cpu_starved_worker_misses_the_handoff_deadline_and_is_fenced(
         return record.get("current") or {}
 
     # the new worker 2 is still starting: worker 0 has not been asked to release yet
-    await wait_for(lambda: _true(current().get("phase") == "starting_workers"), 20,
+    await wait_for(lambda: current().get("phase") == "starting_workers", 20,
                    "the rescale to start its new worker")  # fmt: skip
     with Starver(int(starved["pid"])):
         assert current().get("phase") == "starting_workers", "worker 0 was asked too early"
-        await wait_for(lambda: _true(bool(current().get("handoff_forced"))), 30,
+        await wait_for(lambda: bool(current().get("handoff_forced")), 30,
                        "the controller to force the late handoff")  # fmt: skip
         claimed_at = await positions(store, JOB, KEY_GROUPS)
 
@@ -138,14 +128,17 @@ async def test_a_cpu_starved_worker_misses_the_handoff_deadline_and_is_fenced(
             assert (await store.key_group_info(JOB, kg)).epoch > before
 
     # running again, the late owner's commits of 2 and 3 are rejected
-    await wait_for(lambda: _true(fenced_commits(starved["metrics_url"]) >= 1), 30,
-                   "worker 0's late commit to be fenced")  # fmt: skip
+    def fenced() -> bool:
+        url = starved["metrics_url"].removesuffix("/metrics")
+        return metric_value(url, "keyshift_commits_fenced_total", required=True) >= 1
+
+    await wait_for(fenced, 30, "worker 0's late commit to be fenced")
 
     def finished() -> bool:
         history = job.controller_record()["history"]
         return bool(history) and history[-1]["to_parallelism"] == 3 and current() == {}
 
-    await wait_for(lambda: _true(finished()), 60, "the rescale to finish")
+    await wait_for(finished, 60, "the rescale to finish")
     rescale = job.controller_record()["history"][-1]
     assert (rescale["outcome"], rescale["forced"], rescale["handoff_forced"]) == (
         "succeeded", given_away, True,
@@ -158,8 +151,3 @@ async def test_a_cpu_starved_worker_misses_the_handoff_deadline_and_is_fenced(
     await assert_exact_counter_state(store, JOB, SOURCE, KEY_GROUPS, LIMIT)
     await store.close()
     assert job.interrupt() == 0
-
-
-async def _true(value: bool) -> bool:
-    """A condition already evaluated, for ``wait_for``."""
-    return value

@@ -24,6 +24,7 @@ from tests.support import (
     assert_exact_counter_state,
     assert_owned_as_assigned,
     counter_manifest,
+    deploy,
     positions,
     wait_for,
     write_manifest,
@@ -52,11 +53,7 @@ async def start_job(
                          source=SOURCE, checkpoint_interval="100ms"),
     )  # fmt: skip
     store = open_store(server.url, retry_seconds=60)
-    await store.init_job(job, K)
-    await store.publish_assignment(
-        job, Assignment(1, 2, plan_assignment(K, 2)), expected_generation=0
-    )
-    workers = [spawn(manifest, ordinal, server.url) for ordinal in range(2)]
+    workers = await deploy(store, job, K, 2, manifest, server.url, spawn)
 
     async def progress() -> bool:
         return min(await positions(store, job, K)) > LIMIT // 10

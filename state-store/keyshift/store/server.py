@@ -255,7 +255,7 @@ class LocalCluster:
                 c.execute_command("CLUSTER", "MEET", "127.0.0.1", other.port, other.bus_port)
         wait_until(
             lambda: all(
-                self._info(n)["cluster_known_nodes"] == str(len(self.nodes)) for n in self.nodes
+                self.info(n)["cluster_known_nodes"] == str(len(self.nodes)) for n in self.nodes
             ),
             timeout,
             "all cluster nodes to meet",
@@ -267,13 +267,14 @@ class LocalCluster:
             with replica.client() as c:
                 c.execute_command("CLUSTER", "REPLICATE", primary_id)
         wait_until(
-            lambda: all(self._info(n)["cluster_state"] == "ok" for n in self.nodes),
+            lambda: all(self.info(n)["cluster_state"] == "ok" for n in self.nodes),
             timeout,
             "the cluster state to become ok",
         )
 
     @staticmethod
-    def _info(node: LocalServer) -> dict[str, str]:
+    def info(node: LocalServer) -> dict[str, str]:
+        """``CLUSTER INFO`` of ``node``, as fields (``cluster_state``, ...)."""
         with node.client() as c:
             raw = c.execute_command("CLUSTER", "INFO")
         text = raw.decode() if isinstance(raw, bytes) else str(raw)
