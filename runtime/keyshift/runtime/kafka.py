@@ -6,10 +6,12 @@ assigns partition ``kg`` at the position committed with the state; Kafka's
 consumer-group offsets are never used.  One thread owns the consumer (a
 consumer's calls block each other across threads): it carries out assignment
 changes and polls records into a buffer per partition (paused when full); the
-key group's runner reads the buffer without blocking.  Lag comes from the fetch high-water mark
-(``get_watermark_offsets(cached=True)``).  Values are decoded by the job's
-``decode`` or the source's ``format``; a record that cannot be decoded, or is
-larger than ``maxRecordBytes``, becomes a :class:`~keyshift.runtime.sources.Poison`.
+key group's runner reads the buffer without blocking, and is woken by the poll thread
+when records arrive for it (an idle key group does not poll its buffer).  Lag comes
+from the fetch high-water mark (``get_watermark_offsets(cached=True)``).  Values are
+decoded by the job's ``decode`` or the source's ``format``; a record that cannot be
+decoded, or is larger than ``maxRecordBytes``, becomes a
+:class:`~keyshift.runtime.sources.Poison`.
 
 **Sink** (:class:`KafkaSinkWriter`): an idempotent producer (``acks=all``).
 Outputs are keyed by the record's key and carry their origin in headers.
@@ -56,8 +58,9 @@ log = logging.getLogger("keyshift.runtime.kafka")
 ENV_PREFIX = "KEYSHIFT_KAFKA_"
 POLL_SECONDS = 0.05
 """How long the consumer thread waits for records in one poll."""
-DATA_WAIT_SECONDS = 0.05
-"""How long an idle key group waits before looking at its buffer again."""
+DATA_WAIT_SECONDS = 1.0
+"""How long an idle key group waits before looking at its buffer again, at most: records
+arriving wake it at once (``on_data``)."""
 PROBE_SECONDS = 2.0
 """How often a source with a connection problem checks whether the broker is back."""
 PARTITIONS_CHECK_SECONDS = 30.0
@@ -128,10 +131,12 @@ def partition_change(topic: str, partitions: int, key_groups: int) -> str | None
 class _Partition:
     """The buffer of one assigned partition (guarded by the source's lock)."""
 
-    __slots__ = ("assigned_at", "high", "messages", "next_fetch", "paused")
+    __slots__ = ("assigned_at", "high", "messages", "next_fetch", "on_data", "paused")
 
-    def __init__(self, position: int) -> None:
+    def __init__(self, position: int, on_data: Callable[[], None] | None = None) -> None:
         self.assigned_at = position
+        self.on_data = on_data
+        """Called (from the poll thread) when records arrive: wakes the key group."""
         self.next_fetch = position
         self.messages: deque[tuple[int, Message]] = deque()
         """``(offset, message)`` in offset order."""
@@ -263,6 +268,7 @@ class KafkaRecordSource:
     def _buffer(self, messages: list[Message]) -> None:
         to_pause: list[TopicPartition] = []
         received = False
+        arrived: dict[int, Callable[[], None]] = {}
         with self._lock:
             for m in messages:
                 if m.error() is not None:
@@ -278,11 +284,15 @@ class KafkaRecordSource:
                     continue  # unassigned meanwhile, or fetched before a re-assignment
                 part.messages.append((offset, m))
                 part.next_fetch = offset + 1
+                if part.on_data is not None:
+                    arrived[partition] = part.on_data
                 if not part.paused and len(part.messages) >= self._high:
                     part.paused = True
                     to_pause.append(TopicPartition(self.topic, partition))
         if received:
             self._problem = None
+        for wake in arrived.values():
+            wake()
         if to_pause:
             self._consumer.pause(to_pause)
 
@@ -307,9 +317,9 @@ class KafkaRecordSource:
 
     # -- Source ------------------------------------------------------------------------
 
-    def assign(self, kg: int, position: int) -> None:
+    def assign(self, kg: int, position: int, on_data: Callable[[], None] | None = None) -> None:
         with self._lock:
-            self._partitions[kg] = _Partition(position)
+            self._partitions[kg] = _Partition(position, on_data)
         tp = TopicPartition(self.topic, kg, position)
         self._call(lambda: self._consumer.incremental_assign([tp]))
 
@@ -345,6 +355,7 @@ class KafkaRecordSource:
         return False
 
     def when_available(self, kg: int, offset: int, now: float) -> float:
+        # records arriving wake the key group through ``on_data``; this is the fallback
         return now + DATA_WAIT_SECONDS
 
     def event_time(self, kg: int, offset: int) -> int:

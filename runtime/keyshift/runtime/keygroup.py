@@ -48,6 +48,11 @@ user functions, a batch of ``batchSize`` records could hold the loop for seconds
 the other key groups, the assignment watcher and handoffs would wait behind it."""
 
 
+IDLE_SECONDS = 1.0
+"""How long an idle key group (caught up, all committed) sleeps at most when nothing wakes
+it: new records (the source's ``on_data``), a control request or a due timer do."""
+
+
 class Outcome(enum.Enum):
     RELEASED = "released"
     FENCED = "fenced"
@@ -231,6 +236,7 @@ class KeyGroupRunner:
         self.release_generation: int | None = None
         self.stopping = False
         self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         # spread the key groups' checkpoints over the interval, so that their
         # commits do not all queue at the store at once
         phase = (self.key_group * 0.618034) % 1.0
@@ -259,6 +265,11 @@ class KeyGroupRunner:
         """Checkpoint and stop without releasing (worker shutdown)."""
         self.stopping = True
         self._wake.set()
+
+    def data_arrived(self) -> None:
+        """Records arrived for this key group: wake it if it waits for some.  Thread-safe
+        (the Kafka source calls it from its poll thread)."""
+        self._loop.call_soon_threadsafe(self._wake.set)
 
     @property
     def releasing(self) -> bool:
@@ -325,7 +336,7 @@ class KeyGroupRunner:
             if due or exhausted:  # a bounded source that ended: commit its tail now
                 await self.checkpoint()
             if exhausted:
-                until_data = 1.0  # a bounded source: nothing more will come
+                until_data = IDLE_SECONDS  # a bounded source: nothing more will come
             else:
                 until_data = deps.source.when_available(kg, self.position, now) - now
             if self.timed:
@@ -337,7 +348,7 @@ class KeyGroupRunner:
                     0.01, self._last_checkpoint + deps.checkpoint_interval - time.monotonic()
                 )
             else:
-                until_checkpoint = 1.0
+                until_checkpoint = IDLE_SECONDS
             await self._wait(max(0.001, min(until_data, until_checkpoint)))
             return
         # busy: the time spent on this batch on the event loop, store round trips excluded

@@ -366,8 +366,8 @@ class Worker:
                         self._forced_done.add((assignment.generation, kg))
                         self._force_next.discard(kg)
                         self.cache.drop(kg)
-                        self._deps.source.assign(kg, claim.position)
                         runner = KeyGroupRunner(self._deps, claim)
+                        self._deps.source.assign(kg, claim.position, runner.data_arrived)
                         self.runners[kg] = runner
                         task = asyncio.create_task(runner.run(), name=f"key-group-{kg}")
                         task.add_done_callback(lambda _t: self._wake.set())

@@ -10,7 +10,7 @@ last commit left it, on any worker.  Two sources exist: the deterministic
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -70,8 +70,13 @@ class Source(Protocol):
         """The source's event time of a record (unix ms) when the batch has none."""
         ...
 
-    def assign(self, kg: int, position: int) -> None:
-        """This worker now reads ``kg`` from ``position`` (after a claim)."""
+    def assign(self, kg: int, position: int, on_data: Callable[[], None] | None = None) -> None:
+        """This worker now reads ``kg`` from ``position`` (after a claim).
+
+        ``on_data``, if given, is called (from any thread) when records of ``kg`` arrive,
+        so that an idle key group wakes at once instead of at its next
+        :meth:`when_available`.  A source whose records exist by the clock (the
+        generator) need not call it."""
         ...
 
     def unassign(self, kg: int) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import msgspec
 
@@ -129,8 +130,8 @@ class Generator:
     def exhausted(self, kg: int, position: int) -> bool:
         return self.spec.limit is not None and position >= self.spec.limit
 
-    def assign(self, kg: int, position: int) -> None:
-        return None  # any worker computes any record: nothing to set up
+    def assign(self, kg: int, position: int, on_data: Callable[[], None] | None = None) -> None:
+        return None  # any worker computes any record, when its time comes: nothing to set up
 
     def unassign(self, kg: int) -> None:
         return None
