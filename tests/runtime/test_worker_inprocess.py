@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,6 +19,7 @@ from keyshift.runtime.store import MemoryStore
 from keyshift.runtime.worker import Worker
 from keyshift.store import Assignment
 from tests.runtime import jobs
+from tests.support import wait_for
 
 
 def manifest(key_groups: int, limit: int, rate: float | None = None, **spec: Any) -> StreamJob:
@@ -55,13 +55,6 @@ async def running(
             await task
 
 
-async def eventually(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + 20
-    while not await condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def positions(store: MemoryStore, key_groups: int) -> list[int]:
     return [(await store.key_group_info("inproc", kg)).position for kg in range(key_groups)]
 
@@ -79,7 +72,7 @@ async def test_one_worker_then_two_hand_off_without_losing_a_record() -> None:
         async def some_progress() -> bool:
             return min(await positions(store, k)) > 0
 
-        await eventually(some_progress, "some progress")
+        await wait_for(some_progress, 20, "some progress", interval=0.02)
         await store.publish_assignment(
             "inproc", Assignment(2, 2, plan_assignment(k, 2)), expected_generation=1
         )
@@ -88,7 +81,7 @@ async def test_one_worker_then_two_hand_off_without_losing_a_record() -> None:
         async def done() -> bool:
             return await positions(store, k) == [limit] * k and w0.ready and w1.ready
 
-        await eventually(done, "both workers to finish at generation 2")
+        await wait_for(done, 20, "both workers to finish at generation 2", interval=0.02)
         assert sorted(w0.runners) == [0, 1, 2] and sorted(w1.runners) == [3, 4, 5]
         assert store.acks["inproc"] == {"inproc-worker-0": 2, "inproc-worker-1": 2}
     for kg in range(k):
@@ -115,7 +108,7 @@ async def test_error_policy_fail_parks_the_key_group_and_reports_it() -> None:
         async def all_failed() -> bool:
             return worker.failed_key_groups == list(range(k))
 
-        await eventually(all_failed, "every key group to hit its bad record")
+        await wait_for(all_failed, 20, "every key group to hit its bad record", interval=0.02)
         health = worker.health()
         assert health["status"] == "degraded"
         assert "offset" in health["failed_key_groups"]["0"]
@@ -137,7 +130,7 @@ async def test_error_policy_fail_parks_the_key_group_and_reports_it() -> None:
         async def released() -> bool:
             return worker.ready and sorted(worker.runners) == [0, 1]
 
-        await eventually(released, "the failed key groups 2 and 3 to be released")
+        await wait_for(released, 20, "the failed key groups 2 and 3 to be released", interval=0.02)
         assert (await store.key_group_info("inproc", 2)).owner == ""
 
 
@@ -155,7 +148,7 @@ async def test_error_policy_skip_counts_and_leaves_no_trace_of_the_record() -> N
         async def done() -> bool:
             return await positions(store, k) == [limit] * k
 
-        await eventually(done, "all records")
+        await wait_for(done, 20, "all records", interval=0.02)
         bad = sum(e.value == jobs.BAD_VALUE for kg in range(k) for e in gen.read(kg, 0, limit))
         assert bad > 0
         assert worker.metrics.records_skipped._value.get() == bad
@@ -184,19 +177,19 @@ async def test_a_commit_the_store_lost_is_redone_from_the_stored_position() -> N
         async def committed_once() -> bool:
             return (await store.key_group_info("inproc", 0)).seq >= 1
 
-        await eventually(committed_once, "a first commit")
+        await wait_for(committed_once, 20, "a first commit", interval=0.02)
         lost = store.snapshot("inproc", 0)
 
         async def committed_more() -> bool:
             return (await store.key_group_info("inproc", 0)).seq >= lost.seq + 3
 
-        await eventually(committed_more, "three more commits")
+        await wait_for(committed_more, 20, "three more commits", interval=0.02)
         store.restore("inproc", 0, lost)  # those three commits are gone
 
         async def done() -> bool:
             return await positions(store, k) == [limit] * k
 
-        await eventually(done, "all records, the lost ones again")
+        await wait_for(done, 20, "all records, the lost ones again", interval=0.02)
         assert worker.fenced_key_groups == [0]
         assert (await store.key_group_info("inproc", 0)).epoch == lost.epoch + 1
         assert worker.metrics.commits_fenced._value.get() == 1
@@ -254,7 +247,7 @@ async def test_outputs_the_sink_lost_are_replayed_from_the_last_commit() -> None
         async def done() -> bool:
             return await positions(store, k) == [limit] * k
 
-        await eventually(done, "every record after the replay")
+        await wait_for(done, 20, "every record after the replay", interval=0.02)
     finally:
         worker.stop()
         async with asyncio.timeout(30):
