@@ -113,8 +113,13 @@ async def test_the_job_scales_up_with_the_load_and_back_down_after_it(
     )  # fmt: skip
     actions = [(r["from"], r["to"]) for r in autoscaled(down)]
     assert actions[0][1] > 1 and actions[-1][1] == 1, actions
-    # one step up, one step down: no flapping in between
-    assert len(actions) <= 3, actions
+    # no flapping: every scale-up comes before every scale-down. The way up may take
+    # several steps: on a 2-core machine each added worker process adds less than a
+    # worker's capacity, and the autoscaler, measuring the capacity per worker anew
+    # after each rescale (busy time), steps again (1 -> 2 -> 3 -> 4 was seen)
+    ups = [to > before for before, to in actions]
+    assert ups == sorted(ups, reverse=True), actions
+    assert sum(not up for up in ups) <= 2, actions
     saved = json.loads((job.run_dir / "autoscaler.json").read_text())
     assert "scale_down" in {d["action"] for d in saved["decisions"]}
 
