@@ -22,7 +22,7 @@ import httpx
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from keyshift.runtime.kafka import create_topic
-from keyshift.store.server import free_port, wait_until
+from keyshift.store.server import free_port, stop_process, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,13 +77,8 @@ class S3Server:
                 "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        if self.process is not None:
+            stop_process(self.process)
         self.process = None
 
 
@@ -137,15 +132,8 @@ class KafkaBroker:
         self.process = None
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        if self.process is not None:
+            stop_process(self.process)
         self.process = None
 
     def create_topic(self, topic: str, partitions: int) -> None:

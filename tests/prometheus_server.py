@@ -13,9 +13,7 @@ every target is up, with a deadline.  The process is stopped by its PID.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -24,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from keyshift.store.server import free_port
+from keyshift.store.server import free_port, stop_process
 
 SCRAPE_JOB = "keyshift-workers"
 
@@ -101,14 +99,8 @@ class PrometheusServer:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        os.kill(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(process.pid, signal.SIGKILL)
-            process.wait()
+        if process is not None:
+            stop_process(process)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path.exists() else ""

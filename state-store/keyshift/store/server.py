@@ -92,6 +92,21 @@ def free_port(low: int = 20000, high: int = 55000) -> int:
     raise ServerStartError(f"no free loopback port in [{ports.start}, {ports.stop})")
 
 
+def stop_process(
+    process: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM, timeout: float = 10
+) -> None:
+    """Send ``sig`` to a child process (if it still runs) and reap it; SIGKILL it if it has
+    not exited within ``timeout`` seconds."""
+    if process.poll() is not None:
+        return
+    process.send_signal(sig)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def wait_until(predicate: object, timeout: float, what: str, interval: float = 0.05) -> None:
     """Poll ``predicate()`` until it is true; raise ``TimeoutError`` naming ``what``."""
     assert callable(predicate)
@@ -199,15 +214,8 @@ class LocalServer:
         self._signal(signal.SIGTERM)
 
     def _signal(self, sig: signal.Signals) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            stop_process(self.process, sig)
         self.process = None
 
     def restart(self) -> LocalServer:
