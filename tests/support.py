@@ -202,13 +202,14 @@ async def deploy(
     manifest: Path,
     store_url: str,
     spawn: Callable[..., WorkerProcess],
-) -> list[WorkerProcess]:
+) -> tuple[Assignment, list[WorkerProcess]]:
     """Deploy ``job`` by hand: initialise it in the store with ``key_groups``, publish its
-    first assignment (generation 1) over ``parallelism`` workers, and spawn those workers."""
+    first assignment (generation 1) over ``parallelism`` workers, and spawn those workers.
+    Returns that assignment (for the ownership check) and the workers."""
     await store.init_job(job, key_groups)
     assignment = Assignment(1, parallelism, plan_assignment(key_groups, parallelism))
     await store.publish_assignment(job, assignment, expected_generation=0)
-    return [spawn(manifest, ordinal, store_url) for ordinal in range(parallelism)]
+    return assignment, [spawn(manifest, ordinal, store_url) for ordinal in range(parallelism)]
 
 
 async def positions(store: RedisStateStore, job: str, key_groups: int) -> list[int]:

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from keyshift.controller.assignment import plan_assignment
-from keyshift.store import Assignment, open_store
+from keyshift.store import open_store
 from keyshift.store.server import LocalServer
 from tests.kafka.test_kafka_jobs import GENERATOR, fill, kafka_manifest, origins
 from tests.kafka_broker import KafkaBroker, S3Server
@@ -31,6 +30,7 @@ from tests.support import (
     all_done,
     assert_exact_counter_state,
     assert_owned_as_assigned,
+    deploy,
     positions,
     ready,
     wait_for,
@@ -70,10 +70,7 @@ async def test_a_broker_restart_loses_nothing(
     )  # fmt: skip
     store = open_store(url, retry_seconds=10)
     try:
-        await store.init_job(job, k)
-        assignment = Assignment(1, 2, plan_assignment(k, 2))
-        await store.publish_assignment(job, assignment, expected_generation=0)
-        workers = [spawn(manifest, i, url) for i in range(2)]
+        assignment, workers = await deploy(store, job, k, 2, manifest, url, spawn)
 
         async def some_progress() -> bool:
             return min(await positions(store, job, k)) > 0

@@ -29,6 +29,7 @@ from tests.support import (
     all_done,
     assert_exact_counter_state,
     assert_owned_as_assigned,
+    deploy,
     positions,
     wait_for,
     write_manifest,
@@ -111,11 +112,7 @@ async def test_counter_over_kafka_is_exact_across_a_kill_and_a_rescale(
     )  # fmt: skip
     store = open_store(url, retry_seconds=10)
     try:
-        await store.init_job(job, k)
-        await store.publish_assignment(
-            job, Assignment(1, 2, plan_assignment(k, 2)), expected_generation=0
-        )
-        workers = [spawn(manifest, i, url) for i in range(2)]
+        _, workers = await deploy(store, job, k, 2, manifest, url, spawn)
 
         async def worker_1_started() -> bool:
             return any(p > 0 for p in (await positions(store, job, k))[4:])
@@ -233,11 +230,8 @@ async def poison_job(
     )  # fmt: skip
     store = open_store(url, retry_seconds=10)
     try:
-        await store.init_job(job, k)
-        await store.publish_assignment(
-            job, Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
-        )
-        yield store, spawn(manifest, 0, url), records, poison
+        _, [worker] = await deploy(store, job, k, 1, manifest, url, spawn)
+        yield store, worker, records, poison
     finally:
         await store.close()
 
@@ -345,11 +339,7 @@ async def test_a_worker_is_not_ready_until_kafka_is_reachable(
     store = open_store(url, retry_seconds=10)
     broker = KafkaBroker(tmp_path / "broker", port=port)
     try:
-        await store.init_job(job, k)
-        await store.publish_assignment(
-            job, Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
-        )
-        worker = spawn(manifest, 0, url)
+        _, [worker] = await deploy(store, job, k, 1, manifest, url, spawn)
 
         async def says_unreachable() -> bool:
             try:

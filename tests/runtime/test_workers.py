@@ -14,6 +14,7 @@ from tests.support import (
     assert_exact_counter_state,
     assert_owned_as_assigned,
     counter_manifest,
+    deploy,
     ready,
     wait_for,
     write_manifest,
@@ -36,10 +37,7 @@ async def test_two_workers_compute_the_exact_counts(
     )  # fmt: skip
     store = open_store(url, retry_seconds=10)
     try:
-        await store.init_job(job, key_groups)
-        assignment = Assignment(1, 2, plan_assignment(key_groups, 2))
-        await store.publish_assignment(job, assignment, expected_generation=0)
-        workers = [spawn(manifest, i, url) for i in range(2)]
+        assignment, workers = await deploy(store, job, key_groups, 2, manifest, url, spawn)
 
         async def finished() -> bool:
             return await all_done(store, job, key_groups, limit)
