@@ -128,10 +128,9 @@ async def test_a_master_killed_its_replica_promoted_without_the_last_commits(
 
         await wait_for(promoted, 30, "the replica to be promoted")
 
-        async def done() -> bool:
-            return await all_done(store, job, K, LIMIT)
-
-        await wait_for(done, 90, "every record after the failover")
+        await wait_for(
+            lambda: all_done(store, job, K, LIMIT), 90, "every record after the failover"
+        )
         await assert_exact_counter_state(store, job, SOURCE, K, LIMIT)
         await assert_owned_as_assigned(store, job, assignment)
         # the lost commits were found: the key groups' next commits were fenced by sequence

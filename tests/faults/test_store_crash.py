@@ -63,10 +63,9 @@ async def start_job(
 
 
 async def finish(store: RedisStateStore, job: str, assignment: Assignment) -> None:
-    async def done() -> bool:
-        return await all_done(store, job, K, LIMIT)
-
-    await wait_for(done, 90, "every record after the store came back")
+    await wait_for(
+        lambda: all_done(store, job, K, LIMIT), 90, "every record after the store came back"
+    )
     await assert_exact_counter_state(store, job, SOURCE, K, LIMIT)
     await assert_owned_as_assigned(store, job, assignment)
 

@@ -248,10 +248,9 @@ async def test_paused_worker_is_fenced_when_it_resumes(
 
         await wait_for(zombie_stood_down, 20, "the zombie to run generation 2, owning nothing")
 
-        async def finished() -> bool:
-            return await all_done(store, job, key_groups, limit)
-
-        await wait_for(finished, 60, "all records to be processed")
+        await wait_for(
+            lambda: all_done(store, job, key_groups, limit), 60, "all records to be processed"
+        )
         await assert_exact_counter_state(store, job, source, key_groups, limit)
         await assert_owned_as_assigned(store, job, g2)
     finally:

@@ -39,10 +39,11 @@ async def test_two_workers_compute_the_exact_counts(
     try:
         assignment, workers = await deploy(store, job, key_groups, 2, manifest, url, spawn)
 
-        async def finished() -> bool:
-            return await all_done(store, job, key_groups, limit)
-
-        await wait_for(finished, 60, "both workers to process every record")
+        await wait_for(
+            lambda: all_done(store, job, key_groups, limit),
+            60,
+            "both workers to process every record",
+        )
         await assert_exact_counter_state(store, job, source, key_groups, limit)
         await assert_owned_as_assigned(store, job, assignment)
 
@@ -105,10 +106,9 @@ async def test_three_workers_rescale_while_processing(
             progress = await store.list_key_groups(job)
             assert not all(kg.position == limit for kg in progress), "rescale came too late"
 
-        async def finished() -> bool:
-            return await all_done(store, job, key_groups, limit)
-
-        await wait_for(finished, 60, "all records to be processed")
+        await wait_for(
+            lambda: all_done(store, job, key_groups, limit), 60, "all records to be processed"
+        )
         await assert_exact_counter_state(store, job, source, key_groups, limit)
         await assert_owned_as_assigned(store, job, assignment)
         assert workers[2].metric("keyshift_key_groups_owned") == 0
