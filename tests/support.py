@@ -163,17 +163,17 @@ class WorkerProcess:
 
     def metric(self, name: str) -> float:
         """The value of an unlabelled-by-key-group metric (0 if absent)."""
-        return metric_value(f"http://127.0.0.1:{self.http_port}", name)
+        return metric_value(f"http://127.0.0.1:{self.http_port}/metrics", name)
 
 
-def metric_value(url: str, name: str, *, required: bool = False) -> float:
-    """The value of the unlabelled-by-key-group metric ``name`` at ``url`` + "/metrics":
-    0 if absent, or an AssertionError if ``required``."""
-    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
+def metric_value(metrics_url: str, name: str, *, required: bool = False) -> float:
+    """The value of the unlabelled-by-key-group metric ``name`` a worker's ``/metrics``
+    serves at ``metrics_url``: 0 if absent, or an AssertionError if ``required``."""
+    for line in httpx.get(metrics_url, timeout=5).text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     if required:
-        raise AssertionError(f"no {name} at {url}/metrics")
+        raise AssertionError(f"no {name} at {metrics_url}")
     return 0.0
 
 
