@@ -5,7 +5,11 @@ connections on demand (the network faults of the reliability suite).
   stops listening): what a crashed store host or a broken route looks like;
 - ``stall()``: connections stay open and new ones are accepted, but no byte moves
   in either direction: a black hole, where only the clients' timeouts help;
-- ``heal()``: back to forwarding.
+- ``heal()``: back to forwarding;
+- ``lose_reply(markers, nth, refuse_for)``: the ``nth`` request that contains every one
+  of ``markers`` reaches the server, but its reply is swallowed and its connection reset,
+  and new connections are refused for ``refuse_for`` seconds: a request applied whose
+  client never learns it was (the case a retried commit must be recognised in).
 
 It runs its own asyncio loop in a thread, listens on 127.0.0.1 only, and
 forwards to one target.
@@ -16,9 +20,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from keyshift.store.server import free_port
+
+
+@dataclass
+class _LostReply:
+    markers: tuple[bytes, ...]
+    nth: int
+    refuse_for: float
+    seen: int = 0
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Connection:
+    drop_reply: bool = False
 
 
 class FaultProxy:
@@ -30,6 +49,7 @@ class FaultProxy:
         self._server: asyncio.Server | None = None
         self._flowing: asyncio.Event | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._lost_reply: _LostReply | None = None
         self.connections = 0
 
     @property
@@ -62,23 +82,68 @@ class FaultProxy:
             client_w.close()
             return
         self._writers |= {client_w, server_w}
+        conn = _Connection()
         try:
-            await asyncio.gather(self._pump(client_r, server_w), self._pump(server_r, client_w))
+            await asyncio.gather(
+                self._pump(client_r, server_w, conn, upstream=True),
+                self._pump(server_r, client_w, conn, upstream=False),
+            )
         finally:
             for w in (client_w, server_w):
                 self._writers.discard(w)
                 w.close()
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        conn: _Connection,
+        *,
+        upstream: bool,
+    ) -> None:
         assert self._flowing is not None
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(65536):
                 await self._flowing.wait()  # stalled: hold the bytes
                 if writer.is_closing():
                     return
+                lost = self._lost_reply
+                if upstream and lost is not None and all(m in data for m in lost.markers):
+                    lost.seen += 1
+                    if lost.seen == lost.nth:
+                        conn.drop_reply = True
+                if not upstream and conn.drop_reply:
+                    await self._reply_lost()
+                    return
                 writer.write(data)
                 await writer.drain()
         writer.close()
+
+    async def _reply_lost(self) -> None:
+        """The armed request was applied and its reply is in hand: drop it, reset every
+        connection, refuse new ones for a while."""
+        lost = self._lost_reply
+        assert lost is not None
+        self._lost_reply = None
+        await self._cut()
+        lost.done.set()
+        if lost.refuse_for > 0:
+            await asyncio.sleep(lost.refuse_for)
+        if self._server is None:
+            await self._listen()
+
+    def lose_reply(
+        self, markers: tuple[bytes, ...], *, nth: int = 1, refuse_for: float = 0.0
+    ) -> threading.Event:
+        """Swallow the reply to the ``nth`` request containing all ``markers`` (see the
+        module's docstring); the returned event is set once that has happened."""
+        lost = _LostReply(markers, nth, refuse_for)
+
+        async def arm() -> None:
+            self._lost_reply = lost
+
+        self._call(arm())
+        return lost.done
 
     def cut(self) -> None:
         """Close every connection and refuse new ones."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,9 +16,12 @@ from keyshift.store import (
     Assignment,
     Fenced,
     RedisStateStore,
+    StaleClaim,
     StaleGeneration,
+    StoreCorrupt,
     Timer,
     TimerChanges,
+    keys,
 )
 from keyshift.store.savepoint import export_job, import_job
 
@@ -119,19 +123,26 @@ async def test_stale_sequence_is_fenced_and_writes_nothing(
     assert (await store.key_group_info(job, 2)).position == 20
 
 
-async def test_retried_commit_is_recognised_not_applied_twice(
+async def test_another_commit_with_a_used_sequence_is_fenced(
     store: RedisStateStore, job: str
 ) -> None:
+    """Only a retry of the very commit the store applied (its reply lost) is answered
+    "replayed" (tests/faults/test_lost_reply.py); any other commit with that sequence,
+    even one with the same content, is fenced and writes nothing."""
     c = await store.claim(job, 0, "w")
     first = await store.commit(
-        job, 0, epoch=c.epoch, token=c.token, seq=0, puts={"s": {b"k": b"1"}}, position=1
-    )
-    again = await store.commit(
-        job, 0, epoch=c.epoch, token=c.token, seq=0, puts={"s": {b"k": b"1"}}, position=1
+        job, 0, epoch=c.epoch, token=c.token, seq=0, puts={"s": {b"a": b"1"}}, position=1
     )
     assert (first.seq, first.replayed) == (1, False)
-    assert (again.seq, again.replayed) == (1, True)
-    assert (await store.key_group_info(job, 0)).seq == 1
+    for puts, position in (({b"a": b"2", b"b": b"1"}, 2), ({b"a": b"1"}, 1)):
+        with pytest.raises(Fenced) as fenced:
+            await store.commit(
+                job, 0, epoch=c.epoch, token=c.token, seq=0, puts={"s": puts}, position=position
+            )
+        assert (fenced.value.reason, fenced.value.stored_seq) == ("sequence", 1)
+    info = await store.key_group_info(job, 0)
+    assert (info.seq, info.position) == (1, 1)
+    assert await store.get_many(job, 0, "s", [b"a", b"b"]) == {b"a": b"1"}
 
 
 async def test_same_epoch_number_with_another_token_is_fenced(
@@ -378,3 +389,99 @@ async def test_import_refuses_a_job_that_has_state(
     await export_job(store, job, path)
     with pytest.raises(ValueError, match="already has state"):
         await import_job(store, job, path)
+
+
+# -- integrity: what a store that lost or garbled data must not let through --------------
+
+
+def raw(store: RedisStateStore) -> Any:
+    """The backend's own client, to edit the store's keys as a fault would."""
+    return store._client
+
+
+async def test_a_claim_on_an_older_assignment_is_refused(store: RedisStateStore, job: str) -> None:
+    c = await store.claim(job, 0, "w0", generation=3)
+    with pytest.raises(StaleClaim) as stale:
+        await store.claim(job, 0, "w1", generation=2)
+    assert (stale.value.generation, stale.value.stored) == (2, 3)
+    await store.release(job, 0, epoch=c.epoch, token=c.token, generation=5)
+    with pytest.raises(StaleClaim):
+        await store.claim(job, 0, "w1", generation=4)
+    info = await store.key_group_info(job, 0)
+    assert (info.epoch, info.owner, info.claimed_generation) == (c.epoch, "", 3)
+    assert (await store.claim(job, 0, "w1", generation=5)).epoch == c.epoch + 1
+
+
+async def test_state_without_metadata_is_refused_not_restarted(
+    store: RedisStateStore, job: str
+) -> None:
+    """The metadata hash deleted (or evicted) while the state is there: a claim would
+    restart the key group from position 0 and count its records twice."""
+    c = await store.claim(job, 2, "w0")
+    await store.commit(job, 2, epoch=c.epoch, token=c.token, seq=0,
+                       puts={"s": {b"k": b"7"}}, position=7)  # fmt: skip
+    await raw(store).delete(keys.meta(job, 2))
+    with pytest.raises(Fenced) as fenced:  # the owner's next commit, as "store lost it"
+        await store.commit(job, 2, epoch=c.epoch, token=c.token, seq=1, position=8)
+    assert fenced.value.stored_epoch == 0
+    with pytest.raises(StoreCorrupt, match="metadata is missing") as corrupt:
+        await store.claim(job, 2, "w0", generation=1)
+    assert (corrupt.value.job, corrupt.value.key_group) == (job, 2)
+    assert await raw(store).exists(keys.meta(job, 2)) == 0, "the refused claim wrote"
+    assert await store.get_many(job, 2, "s", [b"k"]) == {b"k": b"7"}
+
+
+@pytest.mark.parametrize("field", ["epoch", "seq", "position", "claimed_generation"])
+async def test_a_garbled_metadata_field_is_named_and_nothing_is_written(
+    store: RedisStateStore, job: str, field: str
+) -> None:
+    c = await store.claim(job, 1, "w0")
+    await store.commit(job, 1, epoch=c.epoch, token=c.token, seq=0, position=3)
+    await raw(store).hset(keys.meta(job, 1), field, "garbage")
+    before = await raw(store).hgetall(keys.meta(job, 1))
+    calls = [
+        store.claim(job, 1, "w1", generation=1),
+        store.key_group_info(job, 1),
+    ]
+    if field in ("epoch", "seq"):
+        calls += [
+            store.commit(job, 1, epoch=c.epoch, token=c.token, seq=1, position=4),
+            store.release(job, 1, epoch=c.epoch, token=c.token, generation=1),
+            store.check_fence(job, 1, epoch=c.epoch, token=c.token, seq=1),
+        ]
+    for call in calls:
+        with pytest.raises(StoreCorrupt, match=f"{field} is not a whole number") as corrupt:
+            await call
+        assert corrupt.value.key_group == 1
+    assert await raw(store).hgetall(keys.meta(job, 1)) == before
+
+
+async def test_metadata_of_the_wrong_type_is_corrupt(store: RedisStateStore, job: str) -> None:
+    await raw(store).set(keys.meta(job, 1), "not a hash")
+    with pytest.raises(StoreCorrupt, match="wrong type") as corrupt:
+        await store.claim(job, 1, "w0", generation=1)
+    assert corrupt.value.key_group == 1
+
+
+async def test_check_fence_confirms_or_fences(store: RedisStateStore, job: str) -> None:
+    c = await store.claim(job, 0, "w0")
+    await store.commit(job, 0, epoch=c.epoch, token=c.token, seq=0, position=1)
+    await store.check_fence(job, 0, epoch=c.epoch, token=c.token, seq=1)
+    with pytest.raises(Fenced) as lost:  # acknowledged commit 1 lost, as by an older AOF
+        await store.check_fence(job, 0, epoch=c.epoch, token=c.token, seq=2)
+    assert (lost.value.reason, lost.value.stored_seq) == ("sequence", 1)
+    await store.claim(job, 0, "w1")
+    with pytest.raises(Fenced) as claimed:
+        await store.check_fence(job, 0, epoch=c.epoch, token=c.token, seq=1)
+    assert claimed.value.reason == "epoch"
+
+
+async def test_release_reports_the_stored_sequence(store: RedisStateStore, job: str) -> None:
+    """A releaser learns whether the store still holds its last commit."""
+    c = await store.claim(job, 0, "w0", generation=1)
+    await store.commit(job, 0, epoch=c.epoch, token=c.token, seq=0, position=1)
+    await store.commit(job, 0, epoch=c.epoch, token=c.token, seq=1, position=2)
+    await raw(store).hset(keys.meta(job, 0), mapping={"seq": 1, "position": 1})  # one lost
+    stored = await store.release(job, 0, epoch=c.epoch, token=c.token, generation=2, seq=2)
+    assert stored == 1
+    assert (await store.key_group_info(job, 0)).owner == ""

@@ -42,10 +42,11 @@ async def _run(url: str, rounds: list[dict[int, str]]) -> None:
     committed_counter = 0
     committed_position = 0
 
-    async def step(w: SimulatedWorker, op: str) -> None:
+    async def step(w: SimulatedWorker, op: str, generation: int) -> None:
+        """``op`` on the assignment of ``generation`` (each round is a newer one)."""
         nonlocal committed_counter, committed_position
         if op == "claim":
-            w.claim = await store.claim(job, 0, w.name)
+            w.claim = await store.claim(job, 0, w.name, generation=generation)
             w.seq, w.position = w.claim.seq, w.claim.position
             got = await store.get_many(job, 0, "s", [b"counter"])
             w.counter = int(got.get(b"counter", b"0"))
@@ -64,12 +65,14 @@ async def _run(url: str, rounds: list[dict[int, str]]) -> None:
             committed_counter, committed_position = value, position
         elif op == "release" and w.claim is not None:
             with contextlib.suppress(Fenced):
-                await store.release(job, 0, epoch=w.claim.epoch, token=w.claim.token, generation=1)
+                await store.release(
+                    job, 0, epoch=w.claim.epoch, token=w.claim.token, generation=generation
+                )
             w.claim = None
 
     try:
-        for ops in rounds:
-            await asyncio.gather(*(step(workers[i], op) for i, op in ops.items()))
+        for generation, ops in enumerate(rounds, start=1):
+            await asyncio.gather(*(step(workers[i], op, generation) for i, op in ops.items()))
         writers_by_epoch: dict[int, set[str]] = {}
         for epoch, writer in accepted:
             writers_by_epoch.setdefault(epoch, set()).add(writer)

@@ -46,7 +46,9 @@ async def run(args: argparse.Namespace) -> int:
         manifest, ordinal=args.ordinal, store_url=args.store_url, http_port=args.http_port
     )
     job = load_job(settings.spec.job, os.environ.get(JOB_PATH_ENV, "").split(os.pathsep))
-    store = open_store(settings.store_url, password=settings.store_password)
+    store = open_store(
+        settings.store_url, password=settings.store_password, retry_seconds=store_retry_seconds()
+    )
     worker = Worker(settings, job, store)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -62,6 +64,22 @@ async def run(args: argparse.Namespace) -> int:
             await http.cleanup()
         await store.close()
     return 0
+
+
+STORE_RETRY_ENV = "KEYSHIFT_STORE_RETRY_SECONDS"
+"""How long one store call is retried before the key group reports the store unavailable
+(and tries again a second later); 30 by default."""
+
+
+def store_retry_seconds() -> float:
+    raw = os.environ.get(STORE_RETRY_ENV, "30")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0.1 <= seconds <= 3600:
+        raise SystemExit(f"{STORE_RETRY_ENV}={raw!r}: give seconds from 0.1 to 3600")
+    return seconds
 
 
 TERMINATION_LOG = "/dev/termination-log"

@@ -52,6 +52,12 @@ IDLE_SECONDS = 1.0
 """How long an idle key group (caught up, all committed) sleeps at most when nothing wakes
 it: new records (the source's ``on_data``), a control request or a due timer do."""
 
+FENCE_CHECK_SECONDS = 2.0
+"""How often a key group with nothing to commit asks the store whether it still holds its
+fence and sequence (and at once after the worker reconnects): a store that lost its claim
+or acknowledged commits (an older AOF, a failover to a lagging replica) is noticed within
+this time even when no commit would be fenced."""
+
 
 class Outcome(enum.Enum):
     RELEASED = "released"
@@ -248,6 +254,12 @@ class KeyGroupRunner:
             value=claim.watermark,
         )
         self.committed_watermark = claim.watermark
+        self._fence_checked = time.monotonic()
+        self._check_fence_now = False
+        self._commit_in_doubt = False
+        """A commit failed with the store unreachable: it may have been applied."""
+        self.confirmed = False
+        """Whether the store has accepted a commit or confirmed the fence since the claim."""
         self.timers = TimerTable()
         self._timers_loaded = not self.timed
         self.timers_fired = 0
@@ -264,6 +276,11 @@ class KeyGroupRunner:
     def request_stop(self) -> None:
         """Checkpoint and stop without releasing (worker shutdown)."""
         self.stopping = True
+        self._wake.set()
+
+    def request_fence_check(self) -> None:
+        """Ask the store soon whether it still holds this fence (after a reconnect)."""
+        self._check_fence_now = True
         self._wake.set()
 
     def data_arrived(self) -> None:
@@ -300,8 +317,19 @@ class KeyGroupRunner:
         except Fenced as fenced:
             deps.metrics.commits_fenced.inc()
             deps.cache.drop(kg)
-            log.warning("key group %d fenced: %s", kg, fenced)
-            return RunnerResult(kg, Outcome.FENCED, fenced)
+            result = RunnerResult(kg, Outcome.FENCED, fenced)
+            if self._commit_in_doubt and fenced.stored_seq == fenced.expected_seq + 1:
+                log.warning(
+                    "key group %d: its commit %d was applied although its reply was lost; "
+                    "replaying from the store's position", kg, fenced.expected_seq,
+                )  # fmt: skip
+            elif result.store_lost_commit:
+                deps.metrics.commits_lost.inc()
+                log.warning("key group %d: the store lost its acknowledged commits or claim "
+                            "(%s); replaying from what the store holds", kg, fenced)  # fmt: skip
+            else:
+                log.warning("key group %d fenced: %s", kg, fenced)
+            return result
         except asyncio.CancelledError:
             deps.cache.drop(kg)
             raise
@@ -335,6 +363,7 @@ class KeyGroupRunner:
                 await self._fire_due(now)
             if due or exhausted:  # a bounded source that ended: commit its tail now
                 await self.checkpoint()
+            await self._check_fence()
             if exhausted:
                 until_data = IDLE_SECONDS  # a bounded source: nothing more will come
             else:
@@ -580,34 +609,70 @@ class KeyGroupRunner:
         watermark = self.watermark.value
         started = time.perf_counter()
         crash_point("commit.before")
-        result = await deps.store.commit(
-            deps.job_name,
-            kg,
-            epoch=self.epoch,
-            token=self.token,
-            seq=self.seq,
-            puts=puts,
-            deletes=deletes,
-            position=self.position,
-            watermark=watermark,
-            timers=timer_changes or None,
-        )
+        try:
+            result = await deps.store.commit(
+                deps.job_name,
+                kg,
+                epoch=self.epoch,
+                token=self.token,
+                seq=self.seq,
+                puts=puts,
+                deletes=deletes,
+                position=self.position,
+                watermark=watermark,
+                timers=timer_changes or None,
+            )
+        except StoreUnavailable:
+            # applied or not, nobody can say: the next commit tells (fenced if it was)
+            self._commit_in_doubt = True
+            raise
+        self._commit_in_doubt = False
         crash_point("commit.after")
         deps.metrics.commit_duration.observe(time.perf_counter() - started)
+        self._fence_checked = time.monotonic()
+        self.confirmed = True
         self.seq = result.seq
         self.committed_position = self.position
         self.committed_watermark = watermark
         self.timers.committed()
         deps.cache.committed(kg)
 
+    async def _check_fence(self) -> None:
+        """With nothing to commit, confirm now and then that the store still holds this
+        fence and the last commit; raises :class:`Fenced` when it does not."""
+        if not self._check_fence_now and (
+            time.monotonic() - self._fence_checked < FENCE_CHECK_SECONDS or self._uncommitted()
+        ):
+            return
+        self._check_fence_now = False
+        deps = self.deps
+        await deps.store.check_fence(
+            deps.job_name, self.key_group, epoch=self.epoch, token=self.token, seq=self.seq
+        )
+        self._fence_checked = time.monotonic()
+        self.confirmed = True
+
     async def _release(self, generation: int) -> None:
         deps = self.deps
         if self.failed is None:
             await self.checkpoint()
         crash_point("release.before")
-        await deps.store.release(
-            deps.job_name, self.key_group, epoch=self.epoch, token=self.token, generation=generation
+        stored_seq = await deps.store.release(
+            deps.job_name,
+            self.key_group,
+            epoch=self.epoch,
+            token=self.token,
+            generation=generation,
+            seq=self.seq,
         )
+        if stored_seq != self.seq:
+            deps.metrics.commits_lost.inc()
+            log.warning(
+                "key group %d: the store lost acknowledged commits before its release "
+                "(it holds commit %d, this worker made %d); the next owner replays from the "
+                "store's position, and the outputs since then are emitted again",
+                self.key_group, stored_seq, self.seq,
+            )  # fmt: skip
         crash_point("release.after")
         deps.cache.drop(self.key_group)
 

@@ -51,6 +51,14 @@ class WorkerMetrics:
         self.commits_fenced = Counter(
             "keyshift_commits_fenced", "Commits or releases the store rejected", labels, registry=r
         ).labels(**self.labels)
+        self.commits_lost = Counter(
+            "keyshift_store_lost_commits",
+            "Times the store was found to have lost this worker's acknowledged commits or "
+            "claim (an older AOF, a failover to a lagging replica): the key group replayed "
+            "from what the store holds",
+            labels,
+            registry=r,
+        ).labels(**self.labels)
         self.assignment_generation = Gauge(
             "keyshift_assignment_generation", "Assignment generation this worker runs", labels,
             registry=r,
@@ -60,7 +68,8 @@ class WorkerMetrics:
         ).labels(**self.labels)
         self.key_groups_failed = Gauge(
             "keyshift_key_groups_failed",
-            "Key groups stopped by a user-function error (errorPolicy fail)",
+            "Key groups stopped by an error: a user function's (errorPolicy fail), a poison "
+            "record's (onPoison fail) or the store's (corrupt or refused; retried with back-off)",
             labels,
             registry=r,
         ).labels(**self.labels)

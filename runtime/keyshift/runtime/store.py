@@ -22,6 +22,7 @@ from keyshift.store.protocol import (
     Fenced,
     JobInfo,
     KeyGroupInfo,
+    StaleClaim,
     StaleGeneration,
     Timer,
     TimerChanges,
@@ -49,9 +50,12 @@ class WorkerStore(Protocol):
         watermark: int | None = None,
         timers: Mapping[str, TimerChanges] | None = None,
     ) -> CommitResult: ...
-    async def release(
-        self, job: str, key_group: int, *, epoch: int, token: str, generation: int
+    async def check_fence(
+        self, job: str, key_group: int, *, epoch: int, token: str, seq: int
     ) -> None: ...
+    async def release(
+        self, job: str, key_group: int, *, epoch: int, token: str, generation: int, seq: int = -1
+    ) -> int: ...
     async def key_group_info(self, job: str, key_group: int) -> KeyGroupInfo: ...
     async def get_many(
         self, job: str, key_group: int, state_name: str, keys: Collection[bytes]
@@ -109,6 +113,9 @@ class MemoryStore:
 
     async def claim(self, job: str, key_group: int, owner: str, *, generation: int = 0) -> Claim:
         kg = self._kg(job, key_group)
+        latest = max(kg.claimed_generation, kg.released_generation)
+        if generation < latest:
+            raise StaleClaim(job, key_group, generation, latest)
         kg.epoch += 1
         kg.token = secrets.token_hex(16)
         kg.owner = owner
@@ -166,14 +173,20 @@ class MemoryStore:
             kg.watermark = watermark
         return CommitResult(seq=kg.seq)
 
-    async def release(
-        self, job: str, key_group: int, *, epoch: int, token: str, generation: int
+    async def check_fence(
+        self, job: str, key_group: int, *, epoch: int, token: str, seq: int
     ) -> None:
+        self._fence(job, key_group, epoch, token, seq)
+
+    async def release(
+        self, job: str, key_group: int, *, epoch: int, token: str, generation: int, seq: int = -1
+    ) -> int:
         self._fence(job, key_group, epoch, token, -1)
         kg = self._kg(job, key_group)
         kg.token = ""
         kg.owner = ""
         kg.released_generation = generation
+        return kg.seq
 
     async def key_group_info(self, job: str, key_group: int) -> KeyGroupInfo:
         kg = self._kg(job, key_group)

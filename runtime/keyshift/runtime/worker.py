@@ -9,7 +9,14 @@ One asyncio task per owned key group (:class:`KeyGroupRunner`), plus:
 - a claimer per gained key group: it claims at once when the assignment forces
   it, when nobody owns the key group, or when the store names this very
   worker (a restart); otherwise it waits for the previous owner's release;
-- a heartbeat that pings the store (readiness).
+- a heartbeat that pings the store (readiness); when it reconnects, every runner asks
+  the store at once whether it still holds its fence (the store may have lost commits).
+
+A store error that no retry cures (corrupt metadata, a refused command) marks the key
+group failed (``/healthz``, ``keyshift_key_groups_failed``), is logged once, and the
+key group is tried again after a back-off (:mod:`keyshift.runtime.failures`).  A claim
+on an assignment older than the key group's last claim or release is refused by the
+store; the claimer waits for the newer assignment.
 
 Key groups that stay never pause.  A fenced runner drops its cache; if the
 store lost its commit (sequence mismatch, or an epoch behind the writer's) and
@@ -28,6 +35,7 @@ from keyshift.runtime.aio import wait_event
 from keyshift.runtime.api import Job
 from keyshift.runtime.cache import StateCache
 from keyshift.runtime.config import GeneratorSource, WorkerSettings
+from keyshift.runtime.failures import FailedKeyGroups
 from keyshift.runtime.faults import crash_point
 from keyshift.runtime.handoff import may_claim, stale_claims
 from keyshift.runtime.keygroup import KeyGroupRunner, Outcome, RunnerResult, RuntimeDeps
@@ -36,7 +44,13 @@ from keyshift.runtime.sinks import DeadLetters, Outputs, Sink, open_sink
 from keyshift.runtime.sources import Source
 from keyshift.runtime.sources.generator import Generator
 from keyshift.runtime.store import WorkerStore
-from keyshift.store.protocol import Assignment, Fenced, StoreError, StoreUnavailable
+from keyshift.store.protocol import (
+    Assignment,
+    Fenced,
+    StaleClaim,
+    StoreError,
+    StoreUnavailable,
+)
 
 log = logging.getLogger("keyshift.runtime")
 
@@ -84,12 +98,16 @@ class Worker:
         self.started = asyncio.Event()
         self._deps: RuntimeDeps | None = None
         self.fenced_key_groups: list[int] = []
+        self.store_failures = FailedKeyGroups()
+        """Key groups stopped by a store error that retries do not cure, with back-off."""
 
     # -- state for health and tests ---------------------------------------------------
 
     @property
     def failed_key_groups(self) -> list[int]:
-        return sorted(kg for kg, r in self.runners.items() if r.failed is not None)
+        """Key groups stopped by a user function, a poison record or the store."""
+        stopped = {kg for kg, r in list(self.runners.items()) if r.failed is not None}
+        return sorted(stopped | {kg for kg, _ in self.store_failures.items()})
 
     @property
     def source_problem(self) -> str | None:
@@ -111,6 +129,8 @@ class Worker:
     def health(self) -> dict[str, Any]:
         runners = list(self.runners.items())  # one step under the GIL: the HTTP thread reads
         failed = {str(kg): str(r.failed) for kg, r in runners if r.failed is not None}
+        for kg, failure in self.store_failures.items():
+            failed.setdefault(str(kg), f"store: {failure.error} (tried {failure.attempts} times)")
         return {
             "status": "degraded" if failed else "ok",
             "worker": self.name,
@@ -261,6 +281,9 @@ class Worker:
             try:
                 async with asyncio.timeout(HEARTBEAT_SECONDS):
                     await self.store.ping()
+                if not self.connected:  # back: the store may have lost commits meanwhile
+                    for runner in list(self.runners.values()):
+                        runner.request_fence_check()
                 self.connected = True
             except (TimeoutError, StoreError, OSError):
                 self.connected = False
@@ -280,9 +303,18 @@ class Worker:
             if kg not in mine and not runner.releasing:
                 log.info("releasing key group %d at generation %d", kg, assignment.generation)
                 runner.request_release(assignment.generation)
+        now = time.time()
         for kg in sorted(mine):
-            if kg not in self.runners and kg not in self._claimers:
+            if (
+                kg not in self.runners
+                and kg not in self._claimers
+                and not self.store_failures.waiting(kg, now)
+            ):
                 self._claimers[kg] = asyncio.create_task(self._claim(kg), name=f"claim-{kg}")
+        for kg, runner in self.runners.items():
+            if runner.confirmed and self.store_failures.clear(kg):
+                self.metrics.key_groups_failed.dec()
+                log.info("key group %d runs again", kg)
         self.metrics.key_groups_owned.set(len(self.runners))
         runs_it = all(kg in self.runners and not self.runners[kg].releasing for kg in mine) and all(
             kg in mine for kg in self.runners
@@ -305,7 +337,7 @@ class Worker:
                 continue
             exc = task.exception()
             if exc is not None:
-                log.error("key group %d stopped: %s: %s", kg, type(exc).__name__, exc)
+                self._store_failed(kg, exc)
                 self._suspects.add(kg)  # it may still be ours in the store
                 continue
             result = task.result()
@@ -314,6 +346,15 @@ class Worker:
                 if result.store_lost_commit:
                     self._force_next.add(kg)
             log.info("key group %d: %s", kg, result.outcome.value)
+
+    def _store_failed(self, kg: int, exc: BaseException) -> None:
+        """Mark ``kg`` failed by an error retries do not cure; log it when it is news."""
+        new = kg not in self.store_failures
+        if self.store_failures.record(kg, exc, time.time()):
+            log.error("key group %d stopped: %s: %s; retrying with back-off",
+                      kg, type(exc).__name__, exc)  # fmt: skip
+        if new:
+            self.metrics.key_groups_failed.inc()
 
     async def _release_stale(self, assignment: Assignment, mine: set[int]) -> None:
         """Release key groups the store says this worker holds but it does not run.
@@ -332,18 +373,25 @@ class Worker:
                 if owners[kg] != self.name:
                     self._suspects.discard(kg)
         for kg in stale_claims(owners, assignment, self.ordinal, self.name):
-            claim = await self.store.claim(
-                self.job_name, kg, self.name, generation=assignment.generation
-            )
-            with contextlib.suppress(Fenced):  # claimed by force meanwhile: not ours anyway
-                await self.store.release(
-                    self.job_name,
-                    kg,
-                    epoch=claim.epoch,
-                    token=claim.token,
-                    generation=assignment.generation,
-                )
             self._suspects.discard(kg)
+            try:
+                claim = await self.store.claim(
+                    self.job_name, kg, self.name, generation=assignment.generation
+                )
+                with contextlib.suppress(Fenced):  # claimed by force meanwhile: not ours anyway
+                    await self.store.release(
+                        self.job_name,
+                        kg,
+                        epoch=claim.epoch,
+                        token=claim.token,
+                        generation=assignment.generation,
+                    )
+            except StoreUnavailable:
+                self._suspects.add(kg)  # look again on the next pass
+                raise
+            except StoreError as exc:  # a newer assignment, or corrupt: its owner sees it too
+                log.warning("key group %d held before a restart not released: %s", kg, exc)
+                continue
             log.info("released key group %d held before a restart", kg)
 
     async def _claim(self, kg: int) -> None:
@@ -379,6 +427,12 @@ class Worker:
                         return
                 except StoreUnavailable as exc:
                     log.warning("claiming key group %d: %s", kg, exc)
+                except StaleClaim as exc:  # the watcher brings the newer assignment
+                    log.info("%s; waiting for the newer assignment", exc)
+                    await wait_event(self._stop, self.assignment_poll_seconds)
+                except StoreError as exc:
+                    self._store_failed(kg, exc)
+                    return  # reconcile starts a new claimer after the back-off
                 await wait_event(self._stop, CLAIM_POLL_SECONDS)
         finally:
             self._claimers.pop(kg, None)

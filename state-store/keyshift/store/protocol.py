@@ -89,6 +89,40 @@ class Fenced(StoreError):
         super().__init__(f"fenced on {job}/{key_group} ({reason}): {detail}")
 
 
+class StoreRejected(StoreError):
+    """The store refused a command for a reason a retry does not cure (out of memory,
+    no permission, a script error): nothing was written."""
+
+
+class StoreCorrupt(StoreRejected):
+    """The store holds data keyshift cannot read or must not build on: a metadata field
+    that is not a number, a key of the wrong type, state whose metadata is gone, a value
+    the state's codec cannot decode.  Nothing was written; the key group stops and shows
+    this error until someone repairs the store (see docs/reliability.md)."""
+
+    def __init__(self, job: str, key_group: int | None, detail: str) -> None:
+        self.job = job
+        self.key_group = key_group
+        self.detail = detail
+        where = job if key_group is None else f"{job}/{key_group}"
+        super().__init__(f"corrupt state in the store at {where}: {detail}")
+
+
+class StaleClaim(StoreError):
+    """A claim made on an assignment older than the key group's last claim or release:
+    the claimer must follow the newer assignment.  Nothing was written."""
+
+    def __init__(self, job: str, key_group: int, generation: int, stored: int) -> None:
+        self.job = job
+        self.key_group = key_group
+        self.generation = generation
+        self.stored = stored
+        super().__init__(
+            f"claim of {job}/{key_group} at generation {generation} refused: the key group "
+            f"was claimed or released at generation {stored} already"
+        )
+
+
 class StaleGeneration(StoreError):
     """An assignment was published over a generation other than the expected one."""
 
@@ -136,7 +170,8 @@ class CommitResult:
     seq: int
     """The sequence the next commit must carry."""
     replayed: bool = False
-    """True when this exact commit had already been applied (a retried request)."""
+    """True when this very commit (same fence and the same commit id) had already been
+    applied: a retried request whose first reply was lost."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +270,12 @@ class StateStore(Protocol):
 
     # -- fencing -----------------------------------------------------------
     async def claim(self, job: str, key_group: int, owner: str, *, generation: int = 0) -> Claim:
-        """Take ownership: increment the epoch, draw a token, return where to resume."""
+        """Take ownership: increment the epoch, draw a token, return where to resume.
+
+        Raises :class:`StaleClaim` when ``generation`` is older than the key group's last
+        claim or release, and :class:`StoreCorrupt` when the key group's metadata is gone
+        while its state is still there (it would otherwise restart from position 0 on top
+        of that state)."""
         ...
 
     async def commit(
@@ -252,13 +292,30 @@ class StateStore(Protocol):
         watermark: int | None = None,
         timers: Mapping[str, TimerChanges] | None = None,
     ) -> CommitResult:
-        """Apply one checkpoint atomically, or raise :class:`Fenced` writing nothing."""
+        """Apply one checkpoint atomically, or raise :class:`Fenced` writing nothing.
+
+        A retried request (its first reply lost) is answered ``replayed`` only when the
+        store applied this very request; any other commit with a used sequence is fenced."""
+        ...
+
+    async def check_fence(
+        self, job: str, key_group: int, *, epoch: int, token: str, seq: int
+    ) -> None:
+        """Raise :class:`Fenced` unless the store still holds this fence and sequence.
+
+        How an owner with nothing to commit notices that the store lost its claim or
+        acknowledged commits (a restart from an older AOF, a failover to a lagging
+        replica): a commit would be fenced, but an idle key group does not commit."""
         ...
 
     async def release(
-        self, job: str, key_group: int, *, epoch: int, token: str, generation: int
-    ) -> None:
-        """Give the key group up at ``generation``; later commits with this fence fail."""
+        self, job: str, key_group: int, *, epoch: int, token: str, generation: int, seq: int = -1
+    ) -> int:
+        """Give the key group up at ``generation``; later commits with this fence fail.
+
+        Returns the stored commit sequence: when it is not ``seq`` (if given), the store
+        lost acknowledged commits of the releaser; the next owner resumes from what the
+        store holds, so the state is consistent, but the releaser must say so."""
         ...
 
     async def key_group_info(self, job: str, key_group: int) -> KeyGroupInfo: ...

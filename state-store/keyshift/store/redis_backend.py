@@ -5,8 +5,14 @@ keys share one hash slot, so each commit is one Lua script on one node.
 
 Retries.  Connection errors and timeouts are retried with exponential back-off
 (and jitter) up to ``retry_seconds``; then :class:`StoreUnavailable` is raised.
-Retrying a commit is safe: the fence makes it either apply once or be
-recognised as already applied (see ``scripts/commit.lua``).
+Retrying a commit is safe: the fence and the commit's id make it either apply
+once or be recognised as already applied (see ``scripts/commit.lua``).
+
+Errors are translated here, at the boundary, into the store's own tree
+(:class:`~keyshift.store.protocol.StoreError`): transient ones become
+:class:`StoreUnavailable` once the budget is spent; a refusal that no retry cures
+becomes :class:`StoreRejected`, or :class:`StoreCorrupt` when the data itself is wrong
+(a metadata field that is not a number, a key of the wrong type).
 """
 
 from __future__ import annotations
@@ -36,7 +42,10 @@ from keyshift.store.protocol import (
     KeyGroupDump,
     KeyGroupInfo,
     ScanPage,
+    StaleClaim,
     StaleGeneration,
+    StoreCorrupt,
+    StoreRejected,
     StoreUnavailable,
     Timer,
     TimerChanges,
@@ -55,6 +64,7 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     rexc.TryAgainError,
     rexc.ClusterDownError,
     rexc.MasterDownError,
+    rexc.ReadOnlyError,  # a failover in progress: the node asked is a replica now
     ConnectionResetError,
     OSError,
 )
@@ -67,8 +77,50 @@ class _AssignmentRecord(msgspec.Struct, frozen=True):
     forced: list[int]
 
 
+KEY_GROUP_SCRIPTS = ("claim", "commit", "release", "load_key_group")
+"""Scripts that read a key group's metadata: ``meta.lua`` (its checked reads) goes first."""
+
+
 def _load_script(name: str) -> str:
-    return resources.files("keyshift.store").joinpath("scripts", f"{name}.lua").read_text()
+    scripts = resources.files("keyshift.store").joinpath("scripts")
+    text = scripts.joinpath(f"{name}.lua").read_text()
+    if name in KEY_GROUP_SCRIPTS:
+        text = scripts.joinpath("meta.lua").read_text() + text
+    return text
+
+
+def _rejected(exc: rexc.ResponseError, what: str, job: str, key_group: int | None) -> Exception:
+    """The store's refusal of a command, as an error of the store's own tree."""
+    message = str(exc).split(" script: ")[0]  # a script error ends with the script's name
+    if message.startswith("KSCORRUPT "):
+        return StoreCorrupt(job, key_group, f"{what}: {message.removeprefix('KSCORRUPT ')}")
+    if message.startswith("WRONGTYPE"):
+        return StoreCorrupt(job, key_group, f"{what}: a key has the wrong type ({message})")
+    where = job if key_group is None else f"{job}/{key_group}"
+    return StoreRejected(f"the store refused {what} on {where}: {message}")
+
+
+def _meta_int(meta: dict[bytes, bytes], field: str, job: str, key_group: int) -> int:
+    """A whole-number metadata field (0 when absent); any other value is corruption."""
+    raw = meta.get(field.encode())
+    if raw is None or raw == b"":
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        raise StoreCorrupt(
+            job, key_group, f"field {field} is not a whole number: {raw[:40]!r}"
+        ) from None
+
+
+def _meta_float(meta: dict[bytes, bytes], field: str, job: str, key_group: int) -> float | None:
+    raw = meta.get(field.encode())
+    if raw is None or raw == b"":
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise StoreCorrupt(job, key_group, f"field {field} is not a number: {raw[:40]!r}") from None
 
 
 def _escape_glob(prefix: bytes) -> bytes:
@@ -78,14 +130,6 @@ def _escape_glob(prefix: bytes) -> bytes:
             out.append(ord("\\"))
         out.append(byte)
     return bytes(out)
-
-
-def _float(value: bytes | None) -> float | None:
-    return None if value is None or value == b"" else float(value)
-
-
-def _int(value: bytes | str | None, default: int = 0) -> int:
-    return default if value is None or value == b"" else int(value)
 
 
 class RedisStateStore:
@@ -125,8 +169,16 @@ class RedisStateStore:
                 await self._client.initialize()
                 self._initialized = True
 
-    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        """Run ``call``, retrying transient errors with capped exponential back-off."""
+    async def _retrying(
+        self,
+        what: str,
+        call: Callable[[], Awaitable[T]],
+        *,
+        job: str = "",
+        key_group: int | None = None,
+    ) -> T:
+        """Run ``call``, retrying transient errors with capped exponential back-off;
+        a refusal (``job``/``key_group`` name what it was about) is not retried."""
         started = time.monotonic()
         deadline = started + self.retry_seconds
         delay = 0.02
@@ -148,15 +200,21 @@ class RedisStateStore:
                     ) from exc
                 await asyncio.sleep(delay * (0.5 + secrets.randbelow(1000) / 1000))
                 delay = min(delay * 2, 1.0)
+            except rexc.ResponseError as exc:  # after TRANSIENT_ERRORS: some are responses
+                raise _rejected(exc, what, job, key_group) from exc
             else:
                 if failures:
                     log.warning("store %s succeeded after %d retries in %.1fs",
                                 what, failures, time.monotonic() - started)  # fmt: skip
                 return result
 
-    async def _script(self, name: str, keys_: list[str], args: list[Any]) -> Any:
+    async def _script(
+        self, name: str, keys_: list[str], args: list[Any], job: str, key_group: int | None
+    ) -> Any:
         script = self._scripts[name]
-        return await self._retrying(name, lambda: script(keys=keys_, args=args))
+        return await self._retrying(
+            name, lambda: script(keys=keys_, args=args), job=job, key_group=key_group
+        )
 
     async def ping(self) -> None:
         await self._retrying("ping", self._client.ping)
@@ -202,10 +260,17 @@ class RedisStateStore:
     async def claim(self, job: str, key_group: int, owner: str, *, generation: int = 0) -> Claim:
         check_job_name(job)
         token = secrets.token_hex(16)
-        epoch, seq, position, watermark = await self._script(
-            "claim", [keys.meta(job, key_group)], [owner, token, generation, repr(time.time())]
+        reply = await self._script(
+            "claim",
+            [keys.meta(job, key_group), keys.names(job, key_group)],
+            [owner, token, generation, repr(time.time())],
+            job,
+            key_group,
         )
+        if reply[0] == b"STALE":
+            raise StaleClaim(job, key_group, generation, int(reply[1]))
         # a retried claim (reply lost) is recognised by its token: one epoch, not two
+        epoch, seq, position, watermark = reply
         return Claim(
             job=job,
             key_group=key_group,
@@ -245,6 +310,7 @@ class RedisStateStore:
             len(state_names),
             len(timers),
             repr(time.time()),
+            secrets.token_hex(8),  # the commit's id: its retries carry the same
         ]
         for name in state_names:
             check_state_name(name)
@@ -263,7 +329,7 @@ class RedisStateStore:
             for t in change.add:
                 args += [t.time, t.payload]
             args += list(change.remove)
-        reply = await self._script("commit", key_list, args)
+        reply = await self._script("commit", key_list, args, job, key_group)
         if reply[0] == b"OK":
             return CommitResult(seq=int(reply[1]), replayed=bool(int(reply[2])))
         reason: Literal["epoch", "sequence"] = "epoch" if reply[1] == b"epoch" else "sequence"
@@ -277,13 +343,43 @@ class RedisStateStore:
             stored_seq=int(reply[3]),
         )
 
-    async def release(
-        self, job: str, key_group: int, *, epoch: int, token: str, generation: int
+    async def check_fence(
+        self, job: str, key_group: int, *, epoch: int, token: str, seq: int
     ) -> None:
+        raw = await self._retrying(
+            "check_fence",
+            lambda: self._client.hmget(keys.meta(job, key_group), ["epoch", "token", "seq"]),
+            job=job,
+            key_group=key_group,
+        )
+        meta = {b"epoch": raw[0] or b"", b"seq": raw[2] or b""}
+        stored_epoch = _meta_int(meta, "epoch", job, key_group)
+        stored_seq = _meta_int(meta, "seq", job, key_group)
+        if stored_epoch != epoch or (raw[1] or b"").decode() != token:
+            reason: Literal["epoch", "sequence"] = "epoch"
+        elif stored_seq != seq:
+            reason = "sequence"
+        else:
+            return
+        raise Fenced(
+            job,
+            key_group,
+            reason,
+            expected_epoch=epoch,
+            stored_epoch=stored_epoch,
+            expected_seq=seq,
+            stored_seq=stored_seq,
+        )
+
+    async def release(
+        self, job: str, key_group: int, *, epoch: int, token: str, generation: int, seq: int = -1
+    ) -> int:
         reply = await self._script(
             "release",
             [keys.meta(job, key_group)],
             [epoch, token, generation, repr(time.time())],
+            job,
+            key_group,
         )
         if reply[0] != b"OK":
             raise Fenced(
@@ -292,16 +388,23 @@ class RedisStateStore:
                 "epoch",
                 expected_epoch=epoch,
                 stored_epoch=int(reply[2]),
-                expected_seq=-1,
+                expected_seq=seq,
                 stored_seq=int(reply[3]),
             )
+        return int(reply[1])
 
     async def key_group_info(self, job: str, key_group: int) -> KeyGroupInfo:
         meta: dict[bytes, bytes] = await self._retrying(
-            "key_group_info", lambda: self._client.hgetall(keys.meta(job, key_group))
+            "key_group_info",
+            lambda: self._client.hgetall(keys.meta(job, key_group)),
+            job=job,
+            key_group=key_group,
         )
         names = await self._retrying(
-            "key_group_info", lambda: self._client.smembers(keys.names(job, key_group))
+            "key_group_info",
+            lambda: self._client.smembers(keys.names(job, key_group)),
+            job=job,
+            key_group=key_group,
         )
         entries = 0
         timer_count = 0
@@ -311,23 +414,29 @@ class RedisStateStore:
                 entries += await self._client.hlen(keys.state(job, key_group, name))
             else:
                 timer_count += await self._client.zcard(keys.timers(job, key_group, name))
-        wm = meta.get(b"watermark")
+
+        def whole(field: str) -> int:
+            return _meta_int(meta, field, job, key_group)
+
+        def real(field: str) -> float | None:
+            return _meta_float(meta, field, job, key_group)
+
         return KeyGroupInfo(
             job=job,
             key_group=key_group,
-            epoch=_int(meta.get(b"epoch")),
-            owner=meta.get(b"owner", b"").decode(),
-            seq=_int(meta.get(b"seq")),
-            position=_int(meta.get(b"position")),
-            watermark=None if wm is None else int(wm),
-            claimed_generation=_int(meta.get(b"claimed_generation")),
-            released_generation=_int(meta.get(b"released_generation")),
+            epoch=whole("epoch"),
+            owner=meta.get(b"owner", b"").decode(errors="replace"),
+            seq=whole("seq"),
+            position=whole("position"),
+            watermark=whole("watermark") if meta.get(b"watermark") else None,
+            claimed_generation=whole("claimed_generation"),
+            released_generation=whole("released_generation"),
             entries=entries,
             timers=timer_count,
-            claimed_at=_float(meta.get(b"claimed_at")),
-            released_at=_float(meta.get(b"released_at")),
-            committed_at=_float(meta.get(b"committed_at")),
-            last_pause=_float(meta.get(b"pause")),
+            claimed_at=real("claimed_at"),
+            released_at=real("released_at"),
+            committed_at=real("committed_at"),
+            last_pause=real("pause"),
         )
 
     async def owners(self, job: str, key_groups: Collection[int]) -> dict[int, str]:
@@ -349,6 +458,8 @@ class RedisStateStore:
         values = await self._retrying(
             "get_many",
             lambda: self._client.hmget(keys.state(job, key_group, state_name), wanted),
+            job=job,
+            key_group=key_group,
         )
         return {k: v for k, v in zip(wanted, values, strict=True) if v is not None}
 
@@ -365,7 +476,10 @@ class RedisStateStore:
         match = _escape_glob(prefix) + b"*"
         key = keys.state(job, key_group, state_name)
         next_cursor, found = await self._retrying(
-            "scan", lambda: self._client.hscan(key, cursor, match=match, count=count)
+            "scan",
+            lambda: self._client.hscan(key, cursor, match=match, count=count),
+            job=job,
+            key_group=key_group,
         )
         return ScanPage(items=list(found.items()), cursor=int(next_cursor))
 
@@ -393,13 +507,18 @@ class RedisStateStore:
             lambda: self._client.zrangebyscore(
                 key, "-inf", until, start=0, num=limit, withscores=True
             ),
+            job=job,
+            key_group=key_group,
         )
         return [Timer(time=int(score), payload=member) for member, score in found]
 
     async def next_timer(self, job: str, key_group: int, queue: str) -> Timer | None:
         key = keys.timers(job, key_group, queue)
         found = await self._retrying(
-            "next_timer", lambda: self._client.zrange(key, 0, 0, withscores=True)
+            "next_timer",
+            lambda: self._client.zrange(key, 0, 0, withscores=True),
+            job=job,
+            key_group=key_group,
         )
         if not found:
             return None
@@ -428,6 +547,8 @@ class RedisStateStore:
             "publish_assignment",
             [keys.assignment(job)],
             [expected_generation, assignment.generation, payload],
+            job,
+            None,
         )
         if reply[0] != b"OK":
             raise StaleGeneration(job, expected_generation, int(reply[1]))
@@ -587,6 +708,8 @@ class RedisStateStore:
                 dump.position,
                 "" if dump.watermark is None else dump.watermark,
             ],
+            job,
+            kg,
         )
         for name, entries in dump.states.items():
             check_state_name(name)

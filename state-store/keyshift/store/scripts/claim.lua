@@ -1,23 +1,37 @@
 -- Claim a key group: new epoch, new token, return where to resume.
--- KEYS[1] meta hash
+-- KEYS[1] meta hash, KEYS[2] names set
 -- ARGV owner, token, generation, now (unix seconds)
+-- Returns {epoch, seq, position, watermark} or {'STALE', stored_generation}.
 -- Also records the handoff pause: from the previous owner's release (or, for a
 -- claim by force, its last commit) to this claim.
-local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'released_at', 'committed_at')
+local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'released_at', 'committed_at', 'seq',
+                     'position', 'watermark', 'claimed_generation', 'released_generation')
+local stored_epoch = meta_number(m[1], 'epoch')
+local seq = meta_number(m[5], 'seq') or 0
+local position = meta_number(m[6], 'position') or 0
+meta_number(m[7], 'watermark')
 if m[2] == ARGV[2] then
   -- this very claim was applied already and its reply lost: answer it again
-  local r = redis.call('HMGET', KEYS[1], 'seq', 'position', 'watermark')
-  return {tonumber(m[1]), tonumber(r[1] or '0'), tonumber(r[2] or '0'), r[3]}
+  return {stored_epoch, seq, position, m[7]}
 end
-local epoch = tonumber(m[1] or '0') + 1
+if not m[1] and redis.call('EXISTS', KEYS[2]) == 1 then
+  -- state without metadata (deleted, or evicted by a maxmemory policy): a claim would
+  -- restart the key group from position 0 on top of that state and count it twice
+  error({err = 'KSCORRUPT the metadata is missing while the key group has state'})
+end
+local latest = math.max(meta_number(m[8], 'claimed_generation') or 0,
+                        meta_number(m[9], 'released_generation') or 0)
+if tonumber(ARGV[3]) < latest then
+  return {'STALE', latest}  -- a claimer still on an older assignment
+end
+local epoch = (stored_epoch or 0) + 1
 local since = m[4]
 if m[2] == '' then since = m[3] end
 redis.call('HSET', KEYS[1], 'epoch', epoch, 'token', ARGV[2], 'owner', ARGV[1],
            'claimed_generation', ARGV[3], 'claimed_at', ARGV[4])
-if since then
+if since and tonumber(since) then
   redis.call('HSET', KEYS[1], 'pause', tostring(tonumber(ARGV[4]) - tonumber(since)))
 else
   redis.call('HDEL', KEYS[1], 'pause')
 end
-local r = redis.call('HMGET', KEYS[1], 'seq', 'position', 'watermark')
-return {epoch, tonumber(r[1] or '0'), tonumber(r[2] or '0'), r[3]}
+return {epoch, seq, position, m[7]}

@@ -2,21 +2,24 @@
 -- KEYS[1] meta hash, KEYS[2] names set, KEYS[3..] state hashes then timer sets
 -- ARGV[1] epoch  ARGV[2] token  ARGV[3] seq  ARGV[4] position
 -- ARGV[5] watermark ('' keeps the stored one)  ARGV[6] number of state hashes
--- ARGV[7] number of timer sets  ARGV[8] now (unix seconds)
+-- ARGV[7] number of timer sets  ARGV[8] now (unix seconds)  ARGV[9] commit id (random,
+-- drawn once per commit and sent again by its retries)
 -- then per state hash:  name, nputs, ndeletes, k1, v1, ..., d1, ...
 -- then per timer set:   name, nadds, nremoves, score1, member1, ..., r1, ...
 -- Returns {'OK', next_seq, replayed} or {'FENCED', reason, stored_epoch, stored_seq}.
-local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'seq')
-local epoch = tonumber(m[1] or '0')
-local seq = tonumber(m[3] or '0')
+local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'seq', 'commit')
+local epoch = meta_number(m[1], 'epoch') or 0
+local seq = meta_number(m[3], 'seq') or 0
 local want_seq = tonumber(ARGV[3])
 if epoch ~= tonumber(ARGV[1]) or m[2] ~= ARGV[2] then
   return {'FENCED', 'epoch', epoch, seq}
 end
 if seq ~= want_seq then
-  -- Same fence, sequence one ahead: this very commit was applied already and
-  -- its reply was lost; the client retried. Nobody else holds this token.
-  if seq == want_seq + 1 then
+  -- Same fence, sequence one ahead, same commit id: this very commit was applied
+  -- already and its reply was lost; the client retried. Another commit with this
+  -- sequence (the writer gave up on a lost reply and went on) is fenced: answering it
+  -- "replayed" would acknowledge updates that were never applied.
+  if seq == want_seq + 1 and m[4] == ARGV[9] then
     return {'OK', seq, 1}
   end
   return {'FENCED', 'sequence', epoch, seq}
@@ -33,7 +36,7 @@ local function apply(cmd, key, first, count, stride)
   end
 end
 
-local arg = 9
+local arg = 10
 local key = 3
 for _ = 1, tonumber(ARGV[6]) do
   local name, nput, ndel = ARGV[arg], tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2])
@@ -56,7 +59,8 @@ for _ = 1, tonumber(ARGV[7]) do
   key = key + 1
 end
 
-redis.call('HSET', KEYS[1], 'seq', want_seq + 1, 'position', ARGV[4], 'committed_at', ARGV[8])
+redis.call('HSET', KEYS[1], 'seq', want_seq + 1, 'position', ARGV[4], 'committed_at', ARGV[8],
+           'commit', ARGV[9])
 if ARGV[5] ~= '' then
   redis.call('HSET', KEYS[1], 'watermark', ARGV[5])
 end

@@ -2,7 +2,7 @@
 -- the committed position. State and timer contents are written afterwards by
 -- the caller under the new epoch (which no worker holds).
 -- KEYS[1] meta hash;  ARGV min_epoch, seq, position, watermark ('' = none)
-local epoch = math.max(tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0') + 1,
+local epoch = math.max((meta_number(redis.call('HGET', KEYS[1], 'epoch'), 'epoch') or 0) + 1,
                        tonumber(ARGV[1]))
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'epoch', epoch, 'token', '', 'owner', '', 'seq', ARGV[2],

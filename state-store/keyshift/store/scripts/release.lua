@@ -1,18 +1,19 @@
 -- Release a key group at a generation, if the fence matches.
 -- KEYS[1] meta hash;  ARGV epoch, token, generation, now (unix seconds)
--- Returns {'OK'} or {'FENCED', 'epoch', stored_epoch, stored_seq}.
+-- Returns {'OK', stored_seq} or {'FENCED', 'epoch', stored_epoch, stored_seq}: the caller
+-- compares stored_seq with its own, to see commits the store lost before the release.
 local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'seq', 'released_generation')
-local epoch = tonumber(m[1] or '0')
-local seq = tonumber(m[3] or '0')
+local epoch = meta_number(m[1], 'epoch') or 0
+local seq = meta_number(m[3], 'seq') or 0
 if epoch ~= tonumber(ARGV[1]) then
   return {'FENCED', 'epoch', epoch, seq}
 end
-if m[2] == '' and tonumber(m[4] or '0') >= tonumber(ARGV[3]) then
-  return {'OK'}  -- released already: a retried request
+if m[2] == '' and (meta_number(m[4], 'released_generation') or 0) >= tonumber(ARGV[3]) then
+  return {'OK', seq}  -- released already: a retried request
 end
 if m[2] ~= ARGV[2] then
   return {'FENCED', 'epoch', epoch, seq}
 end
 redis.call('HSET', KEYS[1], 'token', '', 'owner', '', 'released_generation', ARGV[3],
            'released_at', ARGV[4])
-return {'OK'}
+return {'OK', seq}
