@@ -126,3 +126,29 @@ async def test_store_restarted_without_its_last_acknowledged_commits(
         assert fenced >= 1, "no commit was fenced: the store lost nothing"
     finally:
         await store.close()
+
+
+async def test_store_rewound_after_the_input_ended_is_noticed_by_idle_owners(
+    server: LocalServer, job: str, tmp_path: Path, spawn: Callable[..., WorkerProcess]
+) -> None:
+    """The AOF copy is put back after every key group has finished its bounded input: no
+    commit is left to be fenced, so the owners must notice the loss by themselves (they
+    confirm their fence every 2 s and when they reconnect) and replay the lost records."""
+    store, _, first, workers = await start_job(server, job, tmp_path, spawn)
+    try:
+        snapshot = tmp_path / "aof-copy"
+        shutil.copytree(server.directory / "appendonlydir", snapshot)
+        copied = await positions(store, job, K)
+        assert max(copied) < LIMIT, "the copy came too late"
+        await wait_for(lambda: all_done(store, job, K, LIMIT), 60, "every record, once")
+        server.kill()
+        shutil.rmtree(server.directory / "appendonlydir")
+        shutil.copytree(snapshot, server.directory / "appendonlydir")
+        await asyncio.to_thread(server.start)
+        rewound = await positions(store, job, K)
+        assert max(rewound) < LIMIT, f"the store did not lose the commits: {rewound}"
+        await finish(store, job, first)
+        lost = sum(w.metric("keyshift_store_lost_commits_total") for w in workers)
+        assert lost >= 1, "the workers replayed without saying the store lost commits"
+    finally:
+        await store.close()
