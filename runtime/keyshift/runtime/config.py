@@ -313,6 +313,11 @@ class StateStoreSpec(Model):
     (the operator mounts it into the workers)."""
     cache_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
     """Byte bound of each worker's state cache."""
+    allow_eviction: bool = False
+    """Run although the store's ``maxmemory-policy`` may evict keys.  A store that evicts
+    loses state silently (an evicted metadata key would restart its key group from
+    position 0 on top of its state: keyshift refuses that claim), so workers refuse to
+    start unless the policy is ``noeviction`` or this is set (then they warn)."""
 
     @model_validator(mode="before")
     @classmethod

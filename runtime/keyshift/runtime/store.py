@@ -32,6 +32,7 @@ from keyshift.store.protocol import (
 class WorkerStore(Protocol):
     async def ping(self) -> None: ...
     async def close(self) -> None: ...
+    async def eviction_policy(self) -> str | None: ...
     async def init_job(self, job: str, key_groups: int) -> JobInfo: ...
     async def claim(
         self, job: str, key_group: int, owner: str, *, generation: int = 0
@@ -105,6 +106,9 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
+
+    async def eviction_policy(self) -> str | None:
+        return "noeviction"  # nothing is ever evicted from a dict
 
     async def init_job(self, job: str, key_groups: int) -> JobInfo:
         if job not in self._jobs:

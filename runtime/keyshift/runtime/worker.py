@@ -49,6 +49,7 @@ from keyshift.store.protocol import (
     Fenced,
     StaleClaim,
     StoreError,
+    StoreMisconfigured,
     StoreUnavailable,
 )
 
@@ -155,6 +156,7 @@ class Worker:
         spec = self.settings.spec
         await self.store.ping()
         self.connected = True
+        await self._check_eviction_policy()
         info = await self.store.init_job(self.job_name, spec.key_groups)
         if info.key_groups != spec.key_groups:
             raise ValueError(
@@ -201,6 +203,27 @@ class Worker:
             for task in helpers:
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     log.warning("%s ended with %r", task.get_name(), task.exception())
+
+    async def _check_eviction_policy(self) -> None:
+        """Refuse a store that may evict keys (it would lose state silently), unless the
+        spec allows it; then, and when the store does not say, warn."""
+        policy = await self.store.eviction_policy()
+        if policy == "noeviction":
+            return
+        allowed = self.settings.spec.state_store.allow_eviction
+        if policy is None:
+            log.warning("the store does not say its maxmemory-policy (CONFIG is disabled): "
+                        "make sure it is noeviction, or state can be lost silently")  # fmt: skip
+        elif allowed:
+            log.warning("the store's maxmemory-policy is %s: it may evict keys and lose "
+                        "state silently (stateStore.allowEviction is set)", policy)  # fmt: skip
+        else:
+            raise StoreMisconfigured(
+                f"the store's maxmemory-policy is {policy!r}: it may evict keyshift's keys "
+                "and lose state silently; set it to 'noeviction' (CONFIG SET "
+                "maxmemory-policy noeviction, or in the server's configuration), or set "
+                "stateStore.allowEviction: true to run anyway"
+            )
 
     async def _open_source(self, created_at: float) -> Source:
         spec = self.settings.spec

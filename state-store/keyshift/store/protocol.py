@@ -108,6 +108,11 @@ class StoreCorrupt(StoreRejected):
         super().__init__(f"corrupt state in the store at {where}: {detail}")
 
 
+class StoreMisconfigured(StoreError):
+    """The store is set up in a way keyshift cannot keep its promises on (for example a
+    ``maxmemory-policy`` that evicts keys); the message says what to change."""
+
+
 class StaleClaim(StoreError):
     """A claim made on an assignment older than the key group's last claim or release:
     the claimer must follow the newer assignment.  Nothing was written."""
@@ -255,6 +260,10 @@ class StateStore(Protocol):
     # -- lifecycle ---------------------------------------------------------
     async def ping(self) -> None: ...
     async def close(self) -> None: ...
+    async def eviction_policy(self) -> str | None:
+        """The store's ``maxmemory-policy`` (on a cluster: an evicting one if any master
+        has one), or None when the store does not say (CONFIG disabled)."""
+        ...
 
     # -- job ---------------------------------------------------------------
     async def init_job(

@@ -93,11 +93,16 @@ def _rejected(exc: rexc.ResponseError, what: str, job: str, key_group: int | Non
     """The store's refusal of a command, as an error of the store's own tree."""
     message = str(exc).split(" script: ")[0]  # a script error ends with the script's name
     if message.startswith("KSCORRUPT "):
-        return StoreCorrupt(job, key_group, f"{what}: {message.removeprefix('KSCORRUPT ')}")
+        return StoreCorrupt(job, key_group, message.removeprefix("KSCORRUPT "))
     if message.startswith("WRONGTYPE"):
-        return StoreCorrupt(job, key_group, f"{what}: a key has the wrong type ({message})")
+        return StoreCorrupt(job, key_group, f"a key has the wrong type ({message})")
     where = job if key_group is None else f"{job}/{key_group}"
     return StoreRejected(f"the store refused {what} on {where}: {message}")
+
+
+def _quoted(raw: bytes) -> str:
+    """A field's value in an error, cut short and quoted as the scripts quote it."""
+    return '"' + raw[:40].decode(errors="replace") + '"'
 
 
 def _meta_int(meta: dict[bytes, bytes], field: str, job: str, key_group: int) -> int:
@@ -109,7 +114,7 @@ def _meta_int(meta: dict[bytes, bytes], field: str, job: str, key_group: int) ->
         return int(raw)
     except ValueError:
         raise StoreCorrupt(
-            job, key_group, f"field {field} is not a whole number: {raw[:40]!r}"
+            job, key_group, f"field {field} is not a whole number: {_quoted(raw)}"
         ) from None
 
 
@@ -120,7 +125,9 @@ def _meta_float(meta: dict[bytes, bytes], field: str, job: str, key_group: int) 
     try:
         return float(raw)
     except ValueError:
-        raise StoreCorrupt(job, key_group, f"field {field} is not a number: {raw[:40]!r}") from None
+        raise StoreCorrupt(
+            job, key_group, f"field {field} is not a number: {_quoted(raw)}"
+        ) from None
 
 
 def _escape_glob(prefix: bytes) -> bytes:
@@ -221,6 +228,27 @@ class RedisStateStore:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+    async def eviction_policy(self) -> str | None:
+        if self.cluster:
+            await self._initialize()
+            call = partial(
+                self._client.execute_command,
+                "CONFIG", "GET", "maxmemory-policy", target_nodes=RedisCluster.PRIMARIES,
+            )  # fmt: skip
+        else:
+            call = partial(self._client.execute_command, "CONFIG", "GET", "maxmemory-policy")
+        try:
+            reply = await self._retrying("eviction_policy", call)
+        except StoreRejected:
+            return None  # CONFIG is disabled (a managed service) or not permitted
+        replies = list(reply.values()) if self.cluster else [reply]
+        policies = set()
+        for one in replies:  # a flat [name, value] list, or a {name: value} mapping
+            values = list(one.values()) if isinstance(one, dict) else one[1::2]
+            policies |= {v.decode() if isinstance(v, bytes) else str(v) for v in values}
+        evicting = sorted(policies - {"noeviction"})
+        return evicting[0] if evicting else "noeviction"
 
     # -- job -----------------------------------------------------------------
 
