@@ -262,3 +262,38 @@ async def test_outputs_the_sink_lost_are_replayed_from_the_last_commit() -> None
     origins = [(kg, offset) for kg, offset, _ in sink.outputs]
     assert set(origins) == {(kg, o) for kg in range(k) for o in range(limit)}
     assert len(origins) > k * limit  # the replayed ones twice
+
+
+async def test_commits_lost_before_a_release_are_noticed_and_replayed_by_the_new_owner() -> None:
+    """The store loses key group 0's last commits after its input ended, and the key group
+    moves to another worker: the old owner says so (a log line, the lost-commits counter)
+    and releases it; the new owner replays from what the store holds."""
+    k, limit = 2, 2000
+    m = manifest(k, limit, 4000)
+    store = MemoryStore()
+    await store.init_job("inproc", k)
+    await store.publish_assignment(
+        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
+    )
+    async with running(m, counter_job, store, 0) as w0, running(m, counter_job, store, 1):
+
+        async def committed_once() -> bool:
+            return (await store.key_group_info("inproc", 0)).seq >= 1
+
+        await wait_for(committed_once, 20, "a first commit", interval=0.02)
+        lost = store.snapshot("inproc", 0)
+        assert lost.position < limit, "the snapshot came too late"
+
+        async def done() -> bool:
+            return await positions(store, k) == [limit] * k
+
+        await wait_for(done, 20, "all records, once", interval=0.02)
+        store.restore("inproc", 0, lost)  # the commits since are gone
+        await store.publish_assignment("inproc", Assignment(2, 2, (1, 0)), expected_generation=1)
+        await wait_for(done, 20, "all records, the lost ones again", interval=0.02)
+        assert (await store.key_group_info("inproc", 0)).owner == "inproc-worker-1"
+        assert w0.metrics.commits_lost._value.get() == 1
+    for kg in range(k):
+        expected = counter_state_encoded(m.spec.generator, k, kg, limit)
+        for state in ("count", "total"):
+            assert store.state("inproc", kg, state) == expected[state]

@@ -368,6 +368,9 @@ class Worker:
                 self.fenced_key_groups.append(kg)
                 if result.store_lost_commit:
                     self._force_next.add(kg)
+                # the store may still name this worker (it lost commits, not the claim):
+                # if the key group has moved meanwhile, release it for its new owner
+                self._suspects.add(kg)
             log.info("key group %d: %s", kg, result.outcome.value)
 
     def _store_failed(self, kg: int, exc: BaseException) -> None:
