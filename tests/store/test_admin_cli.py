@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer
+from tests.support import WorkerProcess, counter_manifest, deploy, wait_for, write_manifest
 
 
 def keyshift(*args: str) -> subprocess.CompletedProcess[str]:
@@ -61,3 +64,32 @@ def test_a_url_with_a_password_is_refused() -> None:
     result = keyshift("store", "list", "x", "--url", "redis://:hunter2@127.0.0.1:6379")
     assert result.returncode != 0
     assert "must not carry credentials" in result.stderr
+
+
+async def test_delete_refuses_a_running_job_until_it_is_stopped(
+    standalone_server: LocalServer, job: str, tmp_path: Path, spawn: Callable[..., WorkerProcess]
+) -> None:
+    """A running worker would start the job again from offset 0 on the deleted state."""
+    url = standalone_server.url
+    source = {"seed": 1, "keys": 100, "limit": 1000}
+    manifest = write_manifest(
+        tmp_path, counter_manifest(job, key_groups=2, parallelism=1, store_url=url, source=source)
+    )
+    store = open_store(url)
+    try:
+        _, (worker,) = await deploy(store, job, 2, 1, manifest, url, spawn)
+
+        async def alive() -> bool:
+            return f"{job}-worker-0" in await store.alive_workers(job)
+
+        await wait_for(alive, 30, "the worker's first heartbeat")
+        refused = await asyncio.to_thread(keyshift, "store", "delete", job, "--yes", "--url", url)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "is running" in refused.stdout and f"{job}-worker-0" in refused.stdout
+        assert await store.job_info(job) is not None
+        worker.stop()  # SIGTERM: a clean stop forgets its heartbeat
+        deleted = await asyncio.to_thread(keyshift, "store", "delete", job, "--yes", "--url", url)
+        assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+        assert await store.job_info(job) is None
+    finally:
+        await store.close()

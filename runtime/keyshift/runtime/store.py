@@ -69,6 +69,8 @@ class WorkerStore(Protocol):
         self, job: str, *, poll_interval: float = 1.0
     ) -> AsyncIterator[Assignment]: ...
     async def ack_generation(self, job: str, worker: str, generation: int) -> None: ...
+    async def mark_alive(self, job: str, worker: str) -> None: ...
+    async def mark_stopped(self, job: str, worker: str) -> None: ...
 
 
 @dataclass
@@ -94,6 +96,7 @@ class MemoryStore:
         self._assignments: dict[str, Assignment] = {}
         self._changed = asyncio.Condition()
         self.acks: dict[str, dict[str, int]] = {}
+        self.alive: dict[str, dict[str, float]] = {}
 
     def _kg(self, job: str, key_group: int) -> _KeyGroup:
         found = self._groups.get((job, key_group))
@@ -270,3 +273,9 @@ class MemoryStore:
 
     async def ack_generation(self, job: str, worker: str, generation: int) -> None:
         self.acks.setdefault(job, {})[worker] = generation
+
+    async def mark_alive(self, job: str, worker: str) -> None:
+        self.alive.setdefault(job, {})[worker] = time.time()
+
+    async def mark_stopped(self, job: str, worker: str) -> None:
+        self.alive.get(job, {}).pop(worker, None)

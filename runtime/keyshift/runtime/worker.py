@@ -9,7 +9,8 @@ One asyncio task per owned key group (:class:`KeyGroupRunner`), plus:
 - a claimer per gained key group: it claims at once when the assignment forces
   it, when nobody owns the key group, or when the store names this very
   worker (a restart); otherwise it waits for the previous owner's release;
-- a heartbeat that pings the store (readiness); when it reconnects, every runner asks
+- a heartbeat that records the worker alive in the store (readiness; ``keyshift store
+  delete`` refuses a job with live workers); when it reconnects, every runner asks
   the store at once whether it still holds its fence (the store may have lost commits).
 
 A store error that no retry cures (corrupt metadata, a refused command) marks the key
@@ -261,6 +262,9 @@ class Worker:
                 log.error("at shutdown: %s: %s", type(result).__name__, result)
         self.runners.clear()
         self._tasks.clear()
+        with contextlib.suppress(StoreError, TimeoutError):  # its record ages out otherwise
+            async with asyncio.timeout(HEARTBEAT_SECONDS):
+                await self.store.mark_stopped(self.job_name, self.name)
         if self._deps is not None:
             await self._deps.outputs.close()
         else:
@@ -303,7 +307,7 @@ class Worker:
         while not self._stop.is_set():
             try:
                 async with asyncio.timeout(HEARTBEAT_SECONDS):
-                    await self.store.ping()
+                    await self.store.mark_alive(self.job_name, self.name)
                 if not self.connected:  # back: the store may have lost commits meanwhile
                     for runner in list(self.runners.values()):
                         runner.request_fence_check()

@@ -70,6 +70,10 @@ def add_store_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     delete = with_store(commands.add_parser("delete", help="delete all of a job's state"))
     delete.add_argument("job")
     delete.add_argument("--yes", action="store_true", help="confirm: this cannot be undone")
+    delete.add_argument(
+        "--force", action="store_true",
+        help=f"delete although a worker of the job was alive in the last {ALIVE_SECONDS:.0f} s",
+    )  # fmt: skip
     delete.set_defaults(handler=_delete)
 
 
@@ -149,6 +153,15 @@ def _import(args: argparse.Namespace) -> int:
     return _transfer(args, "imported", import_job)
 
 
+ALIVE_SECONDS = 10.0
+"""A worker whose heartbeat (every 2 s) is this recent counts as running."""
+
+
+def live_workers(heartbeats: dict[str, float], now: float) -> list[str]:
+    """The workers whose last heartbeat is recent enough to count them as running."""
+    return sorted(w for w, at in heartbeats.items() if now - at < ALIVE_SECONDS)
+
+
 def _delete(args: argparse.Namespace) -> int:
     if not args.yes:
         console.print(f"deleting all state of {args.job!r} cannot be undone: add --yes")
@@ -157,6 +170,16 @@ def _delete(args: argparse.Namespace) -> int:
     async def run() -> int:
         store = _open(args)
         try:
+            alive = live_workers(await store.alive_workers(args.job), time.time())
+            if alive and not args.force:
+                console.print(
+                    f"job {args.job!r} is running: {', '.join(alive)} "
+                    f"{'was' if len(alive) == 1 else 'were'} alive in the last "
+                    f"{ALIVE_SECONDS:.0f} s, and a running worker would start the job again "
+                    "from offset 0 on the deleted state. Stop the job first (Ctrl-C its "
+                    "`keyshift run`; on Kubernetes, delete the StreamJob), or add --force."
+                )
+                return 2
             removed = await store.delete_job(args.job)
         finally:
             await store.close()

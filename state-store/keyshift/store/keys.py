@@ -47,6 +47,11 @@ def assignment_channel(job: str) -> str:
     return f"{PREFIX}:{{{job}}}:assignment:changed"
 
 
+def alive(job: str) -> str:
+    """Hash: worker -> unix time of its last heartbeat (removed when it stops cleanly)."""
+    return f"{PREFIX}:{{{job}}}:alive"
+
+
 def worker_generations(job: str) -> str:
     return f"{PREFIX}:{{{job}}}:workers"
 

@@ -391,6 +391,18 @@ class StateStore(Protocol):
 
     async def forget_worker(self, job: str, worker: str) -> None: ...
 
+    async def mark_alive(self, job: str, worker: str) -> None:
+        """Record that ``worker`` runs ``job`` now (its heartbeat)."""
+        ...
+
+    async def mark_stopped(self, job: str, worker: str) -> None:
+        """Forget ``worker``'s heartbeat: it stopped cleanly."""
+        ...
+
+    async def alive_workers(self, job: str) -> dict[str, float]:
+        """Each worker's last heartbeat (unix time), as recorded by ``mark_alive``."""
+        ...
+
     # -- admin -------------------------------------------------------------
     async def list_key_groups(self, job: str) -> list[KeyGroupInfo]: ...
 

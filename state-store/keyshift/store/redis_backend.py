@@ -669,6 +669,23 @@ class RedisStateStore:
             "forget_worker", lambda: self._client.hdel(keys.worker_generations(job), worker)
         )
 
+    async def mark_alive(self, job: str, worker: str) -> None:
+        key = keys.alive(job)
+        await self._retrying(
+            "mark_alive", lambda: self._client.hset(key, worker, repr(time.time()))
+        )
+
+    async def mark_stopped(self, job: str, worker: str) -> None:
+        await self._retrying("mark_stopped", lambda: self._client.hdel(keys.alive(job), worker))
+
+    async def alive_workers(self, job: str) -> dict[str, float]:
+        raw = await self._retrying("alive_workers", lambda: self._client.hgetall(keys.alive(job)))
+        found: dict[str, float] = {}
+        for worker, at in raw.items():
+            with contextlib.suppress(ValueError):
+                found[worker.decode(errors="replace")] = float(at)
+        return found
+
     # -- admin ---------------------------------------------------------------
 
     async def _key_group_count(self, job: str) -> int:
