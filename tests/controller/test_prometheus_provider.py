@@ -17,12 +17,14 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from keyshift.controller.assignment import plan_assignment
-from keyshift.controller.metrics_provider import LoadSample, WorkerTarget
+from keyshift.controller.metrics_provider import FailedKeyGroup, LoadSample, WorkerTarget
 from keyshift.controller.prometheus_provider import (
     ARRIVAL_RATE,
     ASSIGNMENT_GENERATION,
     BUSY_RATIO,
     CACHE_HIT_RATIO,
+    FAILED,
+    FAILED_AT_OFFSET,
     FIRST_SEEN,
     KEY_GROUP_ARRIVAL,
     KEY_GROUP_LAG,
@@ -147,6 +149,8 @@ def full() -> dict[str, Answer]:
         KEY_GROUPS_OWNED: per_worker(4, 4),
         ASSIGNMENT_GENERATION: per_worker(3, 3),
         WORKER_LAG: per_worker(12, 12),
+        FAILED: [],  # no key group stopped
+        FAILED_AT_OFFSET: [],
     }
 
 
@@ -154,6 +158,20 @@ def sample(answers: dict[str, Answer], overridden: frozenset[str] = frozenset())
     return to_load_sample(
         answers, job=JOB, workers=TARGETS, at=AT, window_seconds=WINDOW, overridden=overridden
     )
+
+
+def test_failed_key_groups_are_read_per_worker() -> None:
+    answers = full()
+    answers[FAILED] = [
+        s(1_700_000_000.0, worker=W1, key_group="5", reason="user-function"),
+        s(1_700_000_100.0, worker=W0, key_group="2", reason="store"),
+    ]
+    answers[FAILED_AT_OFFSET] = [s(77, worker=W1, key_group="5")]
+    got = sample(answers)
+    assert got.complete, got.missing
+    by_worker = {w.name: w.failed_key_groups for w in got.per_worker}
+    assert by_worker[W1] == (FailedKeyGroup(5, W1, "user-function", 1_700_000_000.0, 77),)
+    assert by_worker[W0] == (FailedKeyGroup(2, W0, "store", 1_700_000_100.0, None),)
 
 
 def test_complete_sample() -> None:

@@ -112,7 +112,13 @@ async def test_error_policy_fail_parks_the_key_group_and_reports_it() -> None:
         health = worker.health()
         assert health["status"] == "degraded"
         assert "offset" in health["failed_key_groups"]["0"]
-        assert worker.metrics.key_groups_failed._value.get() == k
+        await wait_for(
+            lambda: worker.metrics.key_groups_failed._value.get() == k, 5, "the failed gauge"
+        )
+        marks = worker.failure_marks()
+        assert {kg: (m.reason, m.offset) for kg, m in marks.items()} == {
+            kg: ("user-function", first_bad[kg]) for kg in range(k)
+        }
         # the records before the failing one are committed, the failing one is not
         assert await positions(store, k) == [first_bad[kg] for kg in range(k)]
         records = gen.read(0, 0, first_bad[0])

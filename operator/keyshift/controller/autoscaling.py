@@ -22,7 +22,7 @@ import msgspec
 
 from keyshift.controller import operator_metrics as metrics
 from keyshift.controller.autoscaler import Decision, ScalingHistory, decide
-from keyshift.controller.metrics_provider import MetricsProvider, WorkerTarget
+from keyshift.controller.metrics_provider import LoadSample, MetricsProvider, WorkerTarget
 from keyshift.controller.reconcile import Desired
 from keyshift.controller.rescale import Rescale
 from keyshift.runtime.config import AutoscalerSpec
@@ -76,6 +76,8 @@ class AutoscalerRunner:
         """The parallelism the autoscaler last chose (scale mode); it stands until the
         autoscaler chooses another or the user sets one."""
         self.last: Decision | None = self.history.decisions[-1] if self.history.decisions else None
+        self.last_window: LoadSample | None = None
+        """The last window collected (the job's status reads failed key groups from it)."""
         self._next_at = 0.0
 
     def manual_change(self) -> None:
@@ -95,6 +97,7 @@ class AutoscalerRunner:
             return None
         self._next_at = now + self.spec.interval_seconds
         window = await self.provider.collect(self.job, targets)
+        self.last_window = window
         decision, self.history = decide(
             window, self.history, self.spec,
             current=current, key_groups=self.key_groups, now=now,

@@ -427,6 +427,10 @@ def status_schema() -> Schema:
                 },
             },
             "workers": _free("Each worker: ordinal, name, readiness, key ranges."),
+            "failedKeyGroups": _free(
+                "Key groups their workers stopped (a user function's error, a poison record, "
+                "or the store's): key group, worker, reason, since, offset."
+            ),
             "rescale": _free("The rescale in progress, if any."),
             "rescales": _free("The last rescales: from, to, reason, duration, pause, outcome."),
             "autoscaler": _free("The autoscaler's last decision and its inputs."),

@@ -36,7 +36,7 @@ from keyshift.controller.k8s_status import (
     record_from_status,
     record_to_status,
 )
-from keyshift.controller.metrics_provider import WorkerTarget
+from keyshift.controller.metrics_provider import FailedKeyGroup, WorkerTarget
 from keyshift.controller.prometheus_provider import PrometheusMetricsProvider
 from keyshift.controller.reconcile import Desired
 from keyshift.controller.records import ControllerRecord
@@ -155,6 +155,7 @@ class JobRunner:
         """The last valid spec: what the job runs by while a newer one is invalid."""
         self.error: str | None = None
         self._last_status: Obj | None = None
+        self._failed_reported: set[tuple[int, str]] = set()
         self._last_status_at = 0.0
         self._last_drift_at = 0.0
         self._history_seen = 0
@@ -290,6 +291,14 @@ class JobRunner:
 
     # -- status -------------------------------------------------------------------------
 
+    def failed_key_groups(self) -> list[FailedKeyGroup]:
+        """Stopped key groups, from the autoscaler's last window (Prometheus): without
+        an autoscaler, the operator reads no worker metrics and cannot know."""
+        window = None if self.autoscaler is None else self.autoscaler.last_window
+        if window is None:
+            return []
+        return [f for w in window.per_worker for f in w.failed_key_groups]
+
     async def write_status(self, controller: Controller) -> None:
         workers = await self.pool.workers()
         previous = (self.body.get("status") or {}).get("conditions") or []
@@ -303,7 +312,13 @@ class JobRunner:
             error=self.error,
             invalid=self.invalid,
             at=time.time(),
+            failed=self.failed_key_groups(),
         )
+        failed_now = {(f["key_group"], f["reason"]) for f in status["failedKeyGroups"]}
+        if failed_now - self._failed_reported:
+            degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+            self.post_event("Warning", "KeyGroupsFailed", degraded["message"])
+        self._failed_reported = failed_now
         if self.autoscaler is not None:
             status["autoscaler"] = self.autoscaler.status()
         metrics.PARALLELISM.labels(self.namespace, self.name).set(status["parallelism"])

@@ -1,7 +1,8 @@
 """The StreamJob's ``status``, as a pure function of what the controller knows.
 
 Phases: ``Pending`` (no assignment published yet), ``Running``, ``Rescaling``,
-``Degraded`` (a worker of the assignment is not ready), ``Failed`` (the spec
+``Degraded`` (a worker of the assignment is not ready, or key groups stopped with an
+error: ``failedKeyGroups``, from the workers' metrics), ``Failed`` (the spec
 is invalid: the ``InvalidSpec`` condition says why). Conditions follow the
 Kubernetes convention: ``lastTransitionTime`` changes only when ``status``
 does.
@@ -16,9 +17,10 @@ from typing import Any
 import msgspec
 
 from keyshift.controller.assignment import describe_ranges, key_groups_of
+from keyshift.controller.metrics_provider import FailedKeyGroup
 from keyshift.controller.pool import WorkerInfo
 from keyshift.controller.records import ControllerRecord
-from keyshift.controller.status import rescale_summary
+from keyshift.controller.status import FAILED_HINT, failed_summary, rescale_summary
 from keyshift.store.protocol import Assignment
 
 Obj = dict[str, Any]
@@ -67,6 +69,23 @@ def invalid_status(message: str, previous: Sequence[Obj], observed: int | None, 
     }
 
 
+def failed_message(failed: Sequence[FailedKeyGroup]) -> str:
+    """The stopped key groups in one sentence per reason, with what to do."""
+    by_reason: dict[str, list[FailedKeyGroup]] = {}
+    for f in failed:
+        by_reason.setdefault(f.reason, []).append(f)
+    parts = []
+    for reason, found in sorted(by_reason.items()):
+        where = ", ".join(
+            f"{f.key_group}"
+            + (f" at offset {f.offset}" if f.offset is not None else "")
+            + f" on {f.worker}"
+            for f in found
+        )
+        parts.append(f"key groups stopped ({reason}): {where}; {FAILED_HINT.get(reason, '')}")
+    return "; ".join(parts)
+
+
 def job_status(
     *,
     assignment: Assignment | None,
@@ -78,8 +97,10 @@ def job_status(
     error: str | None,
     at: float,
     invalid: str | None = None,
+    failed: Sequence[FailedKeyGroup] = (),
 ) -> Obj:
-    """``invalid``: why the newest spec is rejected, while the job runs by an older one."""
+    """``invalid``: why the newest spec is rejected, while the job runs by an older one;
+    ``failed``: the key groups the workers' metrics say are stopped."""
     owners = assignment.owners if assignment is not None else ()
     parallelism = 0 if assignment is None else assignment.parallelism
     current = record.current
@@ -92,7 +113,7 @@ def job_status(
         phase = "Pending"
     elif current is not None:
         phase = "Rescaling"
-    elif not_ready:
+    elif not_ready or failed:
         phase = "Degraded"
     else:
         phase = "Running"
@@ -104,8 +125,19 @@ def job_status(
         degraded_msg = f"workers {not_ready} are not ready" + (
             f" ({'; '.join(details)[:1000]})" if details else ""
         )
+    if failed:
+        degraded_msg = (
+            failed_message(failed) if not not_ready else f"{degraded_msg}; {failed_message(failed)}"
+        )
     if error:
         degraded_msg = f"{degraded_msg}; {error}"
+    degraded_reason = (
+        "WorkersNotReady"
+        if not_ready
+        else "KeyGroupsFailed"
+        if failed
+        else ("Error" if error else "AllReady")
+    )
     rescaling_msg = (
         f"{current.from_parallelism} -> {current.to_parallelism} ({current.reason}), "
         f"phase {current.phase}"
@@ -118,9 +150,8 @@ def job_status(
                   f"{0 if assignment is None else assignment.generation}", at),
         condition(previous_conditions, "Rescaling", current is not None,
                   "Rescaling" if current is not None else "Idle", rescaling_msg, at),
-        condition(previous_conditions, "Degraded", bool(not_ready) or bool(error),
-                  "WorkersNotReady" if not_ready else ("Error" if error else "AllReady"),
-                  degraded_msg, at),
+        condition(previous_conditions, "Degraded", bool(not_ready or failed or error),
+                  degraded_reason, degraded_msg[:4000], at),
         condition(previous_conditions, "InvalidSpec", invalid is not None,
                   "InvalidSpec" if invalid else "Valid",
                   f"{invalid}; the job runs by its last valid spec" if invalid
@@ -144,6 +175,7 @@ def job_status(
             }
             for o, w in sorted(workers.items())
         ],
+        "failedKeyGroups": [failed_summary(f) for f in failed],
         "rescale": None if current is None else rescale_summary(current),
         "rescales": [rescale_summary(r) for r in history[-HISTORY_IN_STATUS:]],
         "lastRescalePauseSeconds": None if last is None else last.max_pause_seconds,

@@ -47,6 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = [
     "DirectScrapeProvider",
+    "FailedKeyGroup",
     "KeyGroupReading",
     "LoadSample",
     "MetricsProvider",
@@ -73,6 +74,8 @@ OWNED = "keyshift_key_groups_owned"
 END_OFFSET = "keyshift_source_end_offset"
 POSITION = "keyshift_source_position"
 LAG = "keyshift_source_lag_records"
+FAILED_SINCE = "keyshift_key_group_failed_timestamp_seconds"
+FAILED_OFFSET = "keyshift_key_group_failed_offset"
 
 _WORKER_SERIES = (PROCESSED, BUSY, CACHE_HITS, CACHE_MISSES, GENERATION, OWNED)
 _KEY_GROUP_SERIES = (END_OFFSET, POSITION, LAG)
@@ -93,6 +96,43 @@ class WorkerTarget:
 
 
 @dataclass(frozen=True, slots=True)
+class FailedKeyGroup:
+    """A key group its worker stopped: a user function's error (``errorPolicy: fail``),
+    a poison record (``onPoison: fail``) or the store's (retried with back-off).  Why in
+    words is in the worker's ``/healthz`` and log, not in metrics (it may quote data)."""
+
+    key_group: int
+    worker: str
+    reason: str  # user-function, poison-record or store
+    since: float  # unix time
+    offset: int | None  # the record it stopped at, when a record is the cause
+
+
+def failed_key_groups(
+    worker: str, since: Iterable[tuple[Mapping[str, str], float]], offsets: Mapping[int, float]
+) -> tuple[FailedKeyGroup, ...]:
+    """A worker's stopped key groups from the samples of its failure metrics (the
+    ``since`` samples' labels carry ``key_group`` and ``reason``)."""
+    found: dict[int, FailedKeyGroup] = {}
+    for labels, value in since:
+        try:
+            kg = int(labels.get("key_group", ""))
+        except ValueError:
+            continue
+        if kg < 0 or not math.isfinite(value):
+            continue
+        offset = offsets.get(kg)
+        found[kg] = FailedKeyGroup(
+            key_group=kg,
+            worker=worker,
+            reason=labels.get("reason", ""),
+            since=value,
+            offset=None if offset is None or not math.isfinite(offset) else int(offset),
+        )
+    return tuple(found[kg] for kg in sorted(found))
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerLoad:
     ordinal: int
     name: str
@@ -102,6 +142,7 @@ class WorkerLoad:
     generation: int
     cache_hit_ratio: float | None  # hits / (hits + misses) over the window
     lag: int  # sum of keyshift_source_lag_records of its key groups
+    failed_key_groups: tuple[FailedKeyGroup, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +191,7 @@ class WorkerSnapshot:
     generation: int
     key_groups_owned: int
     key_groups: Mapping[int, KeyGroupReading]
+    failed: tuple[FailedKeyGroup, ...] = ()
 
 
 class MetricsFormatError(ValueError):
@@ -160,7 +202,8 @@ def parse_exposition(text: str) -> WorkerSnapshot:
     """Parse one worker's ``/metrics`` text; raise ``MetricsFormatError`` if unusable."""
     worker_values: dict[str, list[tuple[dict[str, str], float]]] = {}
     created: list[tuple[dict[str, str], float]] = []
-    per_kg: dict[str, dict[int, float]] = {name: {} for name in _KEY_GROUP_SERIES}
+    per_kg: dict[str, dict[int, float]] = {name: {} for name in (*_KEY_GROUP_SERIES, FAILED_OFFSET)}
+    failed_since: list[tuple[dict[str, str], float]] = []
     try:
         families = list(text_string_to_metric_families(text))
     except ValueError as exc:
@@ -172,6 +215,8 @@ def parse_exposition(text: str) -> WorkerSnapshot:
                 worker_values.setdefault(name, []).append((sample.labels, sample.value))
             elif name == PROCESSED_CREATED:
                 created.append((sample.labels, sample.value))
+            elif name == FAILED_SINCE:
+                failed_since.append((sample.labels, sample.value))
             elif name in per_kg:
                 raw = sample.labels.get("key_group")
                 try:
@@ -214,6 +259,7 @@ def parse_exposition(text: str) -> WorkerSnapshot:
         generation=int(values[GENERATION]),
         key_groups_owned=int(values[OWNED]),
         key_groups=readings,
+        failed=failed_key_groups(identity[1], failed_since, per_kg[FAILED_OFFSET]),
     )
 
 
@@ -371,6 +417,7 @@ def summarize(rounds: Sequence[ScrapeRound], workers: Sequence[WorkerTarget]) ->
                 generation=latest.generation,
                 cache_hit_ratio=rates.cache_hit_ratio if rates else None,
                 lag=sum(r.lag for r in latest.key_groups.values()),
+                failed_key_groups=latest.failed,
             )
         )
 

@@ -65,6 +65,8 @@ from keyshift.controller.metrics_provider import (
     CACHE_HITS,
     CACHE_MISSES,
     END_OFFSET,
+    FAILED_OFFSET,
+    FAILED_SINCE,
     GENERATION,
     LAG,
     OWNED,
@@ -72,6 +74,7 @@ from keyshift.controller.metrics_provider import (
     LoadSample,
     WorkerLoad,
     WorkerTarget,
+    failed_key_groups,
 )
 from keyshift.runtime.config import AutoscalerSpec, QueriesSpec
 
@@ -106,6 +109,8 @@ RESTARTS = "restarts"
 KEY_GROUPS_OWNED = "key_groups_owned"
 ASSIGNMENT_GENERATION = "generation"
 WORKER_LAG = "worker_lag"
+FAILED = "failed_since"
+FAILED_AT_OFFSET = "failed_offset"
 
 #: A worker's first sample may come this fraction of the window after its start
 #: and still count as covering the window (as ``metrics_provider.WINDOW_SLACK``).
@@ -175,6 +180,8 @@ def queries_for(
         KEY_GROUPS_OWNED: f"max by (worker) ({OWNED}{sel})",
         ASSIGNMENT_GENERATION: f"max by (worker) ({GENERATION}{sel})",
         WORKER_LAG: f"sum by (worker) ({LAG}{sel})",
+        FAILED: f"max by (worker, key_group, reason) ({FAILED_SINCE}{sel})",
+        FAILED_AT_OFFSET: f"max by (worker, key_group) ({FAILED_OFFSET}{sel})",
     }
     if overrides is not None:
         if overrides.arrival_rate:
@@ -340,6 +347,8 @@ def to_load_sample(
     owned = per_worker_values(KEY_GROUPS_OWNED)
     generation = per_worker_values(ASSIGNMENT_GENERATION)
     worker_lag = per_worker_values(WORKER_LAG) or {}
+    failed_series = get(FAILED) or []
+    offset_series = get(FAILED_AT_OFFSET) or []
     window_start = at - window_seconds
     tolerance = coverage_tolerance(window_seconds)
 
@@ -390,6 +399,11 @@ def to_load_sample(
                 generation=int((generation or {}).get(name, 0)),
                 cache_hit_ratio=hit_ratio.get(name),
                 lag=round(worker_lag.get(name, 0.0)),
+                failed_key_groups=failed_key_groups(
+                    name,
+                    [(s.labels, s.value) for s in failed_series if s.labels.get("worker") == name],
+                    _by_key_group([s for s in offset_series if s.labels.get("worker") == name]),
+                ),
             )
         )
     if last_seen is not None and workers and not last_seen:

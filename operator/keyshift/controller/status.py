@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from keyshift.controller.assignment import describe_ranges, key_groups_of
-from keyshift.controller.metrics_provider import LoadSample
+from keyshift.controller.metrics_provider import FailedKeyGroup, LoadSample
 from keyshift.controller.pool import WorkerInfo
 from keyshift.controller.rescale import Rescale
 from keyshift.store.protocol import Assignment
@@ -30,6 +30,27 @@ def rescale_summary(r: Rescale) -> dict[str, Any]:
         "outcome": r.outcome,
         "message": r.message,
     }
+
+
+def failed_summary(f: FailedKeyGroup) -> dict[str, Any]:
+    return {
+        "key_group": f.key_group,
+        "worker": f.worker,
+        "reason": f.reason,
+        "since": f.since,
+        "offset": f.offset,
+    }
+
+
+FAILED_HINT = {
+    "user-function": "the job's code raised (errorPolicy fail): fix it and restart the "
+    "workers; the key group replays from its last commit",
+    "poison-record": "a record could not be decoded (onPoison fail): choose skip or "
+    "dead-letter, or fix the record, and restart the workers",
+    "store": "the store refused it or holds corrupt data for it; retried with back-off, "
+    "it resumes once the store is repaired (see docs/reliability.md)",
+}
+"""What a person can do about each reason a key group stopped."""
 
 
 def status_document(
@@ -66,7 +87,12 @@ def status_document(
             "lag": None if wl is None else wl.lag,
             "cache_hit_ratio": None if wl is None else wl.cache_hit_ratio,
             "generation": None if wl is None else wl.generation,
+            "failed_key_groups": [] if wl is None else [f.key_group for f in wl.failed_key_groups],
         })  # fmt: skip
+    failed = sorted(
+        (f for wl in per_worker.values() for f in wl.failed_key_groups),
+        key=lambda f: f.key_group,
+    )
     return {
         "job": job,
         "running": running,
@@ -81,6 +107,7 @@ def status_document(
             "input": None if load is None else load.arrival_rate,
             "processed": None if load is None else load.processed_rate,
         },
+        "failed_key_groups": [failed_summary(f) for f in failed],
         "metrics_complete": False if load is None else load.complete,
         "metrics_missing": [] if load is None else list(load.missing),
         "cache_hit_ratio": _cache_hit_ratio(load),

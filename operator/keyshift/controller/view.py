@@ -14,6 +14,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from keyshift.controller.status import FAILED_HINT
+
 
 def _num(value: float | None, unit: str = "", digits: int = 0) -> str:
     if value is None:
@@ -60,6 +62,8 @@ def render(doc: dict[str, Any], events: Sequence[str] = ()) -> Group:
         )
     elif auto:
         head.append(f"\nautoscaler ({auto['mode']}): collecting a first window", style="dim")
+    for line in failed_lines(doc):
+        head.append("\n" + line, style="bold red")
     if not doc["metrics_complete"] and doc["metrics_missing"]:
         head.append("\nmetrics incomplete: " + "; ".join(doc["metrics_missing"][:3]), style="dim")
 
@@ -101,6 +105,28 @@ def render(doc: dict[str, Any], events: Sequence[str] = ()) -> Group:
     return Group(*parts)
 
 
+def failed_lines(doc: dict[str, Any]) -> list[str]:
+    """One line per reason the job's stopped key groups have, saying what to do."""
+    by_reason: dict[str, list[dict[str, Any]]] = {}
+    for f in doc.get("failed_key_groups", []):
+        by_reason.setdefault(f["reason"], []).append(f)
+    lines = []
+    for reason, found in sorted(by_reason.items()):
+        groups = ", ".join(
+            f"{f['key_group']}"
+            + (f" at offset {f['offset']}" if f["offset"] is not None else "")
+            + f" on worker {f['worker']}"
+            for f in found
+        )
+        since = _when(min(f["since"] for f in found))
+        hint = FAILED_HINT.get(reason, "see the worker's log")
+        lines.append(
+            f"FAILED key group{'s' if len(found) > 1 else ''} {groups} ({reason}, since "
+            f"{since}): {hint}; the error is in the worker's log and /healthz"
+        )
+    return lines
+
+
 def log_line(doc: dict[str, Any]) -> str:
     """One line per interval when stdout is not a terminal."""
     ready = sum(1 for w in doc["workers"] if w["ready"])
@@ -111,6 +137,9 @@ def log_line(doc: dict[str, Any]) -> str:
         f"processed={_num(doc['rates']['processed'])}/s lag={_num(doc['lag'])} "
         f"cache_hits={_pct(doc['cache_hit_ratio'])}"
     )
+    failed = doc.get("failed_key_groups", [])
+    if failed:
+        line += " failed_key_groups=" + ",".join(str(f["key_group"]) for f in failed)
     if doc["rescale_in_progress"]:
         r = doc["rescale_in_progress"]
         line += f" rescaling={r['from']}->{r['to']}:{r['phase']}"

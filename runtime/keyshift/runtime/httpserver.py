@@ -50,6 +50,7 @@ def make_handler(worker: Worker) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 worker.metrics.cache_counts(worker.cache.hits, worker.cache.misses)
+                worker.sync_failure_metrics()
                 self._send(200, worker.metrics.exposition(), CONTENT_TYPE_LATEST)
             elif self.path == "/healthz":
                 health = worker.health()

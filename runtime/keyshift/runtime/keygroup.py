@@ -307,8 +307,10 @@ class KeyGroupRunner:
                         if self.failed is None:
                             await self.checkpoint()
                         return RunnerResult(kg, Outcome.STOPPED)
-                    if self.failed is not None:
-                        await self._wait(None)
+                    if self.failed is not None:  # parked: its lag still shows
+                        now = time.time()
+                        deps.metrics.source(kg, deps.source.end_offset(kg, now), self.position)
+                        await self._wait(IDLE_SECONDS)
                         continue
                     await self._step()
                 except (StoreUnavailable, SinkUnavailable) as exc:
@@ -336,8 +338,6 @@ class KeyGroupRunner:
         finally:
             deps.source.unassign(kg)
             deps.metrics.forget_key_group(kg)
-            if self.failed is not None:
-                deps.metrics.key_groups_failed.dec()
 
     async def _step(self) -> None:
         deps = self.deps
@@ -469,7 +469,6 @@ class KeyGroupRunner:
             except Exception as exc:
                 if deps.error_policy == "fail":
                     self.failed = UserFunctionError(kg, offset, exc)
-                    deps.metrics.key_groups_failed.inc()
                     log.error("%s; key group %d stopped (errorPolicy fail)", self.failed, kg)
                     break
                 deps.metrics.records_skipped.inc()
@@ -510,7 +509,6 @@ class KeyGroupRunner:
         policy = deps.on_poison
         if policy == "fail":
             self.failed = PoisonRecordError(poison)
-            deps.metrics.key_groups_failed.inc()
             log.error("%s; key group %d stopped (onPoison fail)", self.failed, self.key_group)
             return False
         deps.metrics.poison_records.labels(**deps.metrics.labels, policy=policy).inc()
@@ -577,7 +575,6 @@ class KeyGroupRunner:
                 except Exception as exc:
                     if deps.error_policy == "fail":
                         self.failed = UserFunctionError(kg, self.position, exc)
-                        deps.metrics.key_groups_failed.inc()
                         log.error("%s (timer); key group %d stopped", self.failed, kg)
                         return False
                     log.warning(

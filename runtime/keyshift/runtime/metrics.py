@@ -9,8 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+@dataclass(frozen=True, slots=True)
+class FailureMark:
+    """A stopped key group, as its metrics show it (no error text: it may quote data)."""
+
+    reason: str
+    """``user-function``, ``poison-record`` or ``store``."""
+    since: float
+    """Unix time of the failure."""
+    offset: int | None
+    """The record it stopped at (user-function and poison-record failures)."""
 
 
 class WorkerMetrics:
@@ -73,6 +87,22 @@ class WorkerMetrics:
             labels,
             registry=r,
         ).labels(**self.labels)
+        self._failed_since = Gauge(
+            "keyshift_key_group_failed_timestamp_seconds",
+            "Unix time a stopped key group failed, while it is stopped; reason: "
+            "user-function, poison-record or store",
+            [*kg_labels, "reason"],
+            registry=r,
+        )
+        self._failed_offset = Gauge(
+            "keyshift_key_group_failed_offset",
+            "Offset of the record a stopped key group stopped at (user-function and "
+            "poison-record failures)",
+            kg_labels,
+            registry=r,
+        )
+        self._failed_shown: dict[int, FailureMark] = {}
+        self._failed_lock = threading.Lock()
         self.records_skipped = Counter(
             "keyshift_records_skipped",
             "Records whose user function raised (errorPolicy skip)",
@@ -106,6 +136,27 @@ class WorkerMetrics:
         self._end_offset.labels(**self.labels, key_group=kg).set(end)
         self._position.labels(**self.labels, key_group=kg).set(position)
         self._lag.labels(**self.labels, key_group=kg).set(max(0, end - position))
+
+    def failures(self, failed: Mapping[int, FailureMark]) -> None:
+        """Show exactly these stopped key groups (and their count).  Called from the
+        event loop and from the HTTP thread before a scrape."""
+        with self._failed_lock:
+            for kg, mark in list(self._failed_shown.items()):
+                if failed.get(kg) != mark:
+                    with contextlib.suppress(KeyError):
+                        self._failed_since.remove(*self.labels.values(), str(kg), mark.reason)
+                    with contextlib.suppress(KeyError):
+                        self._failed_offset.remove(*self.labels.values(), str(kg))
+                    del self._failed_shown[kg]
+            for kg, mark in failed.items():
+                if kg in self._failed_shown:
+                    continue
+                labels = {**self.labels, "key_group": str(kg)}
+                self._failed_since.labels(**labels, reason=mark.reason).set(mark.since)
+                if mark.offset is not None:
+                    self._failed_offset.labels(**labels).set(mark.offset)
+                self._failed_shown[kg] = mark
+            self.key_groups_failed.set(len(failed))
 
     def side_output(self, name: str, count: int) -> None:
         self._side_outputs.labels(**self.labels, output=name).inc(count)

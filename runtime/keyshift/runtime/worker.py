@@ -39,8 +39,14 @@ from keyshift.runtime.config import GeneratorSource, WorkerSettings
 from keyshift.runtime.failures import FailedKeyGroups
 from keyshift.runtime.faults import crash_point
 from keyshift.runtime.handoff import may_claim, stale_claims
-from keyshift.runtime.keygroup import KeyGroupRunner, Outcome, RunnerResult, RuntimeDeps
-from keyshift.runtime.metrics import WorkerMetrics
+from keyshift.runtime.keygroup import (
+    KeyGroupRunner,
+    Outcome,
+    PoisonRecordError,
+    RunnerResult,
+    RuntimeDeps,
+)
+from keyshift.runtime.metrics import FailureMark, WorkerMetrics
 from keyshift.runtime.sinks import DeadLetters, Outputs, Sink, open_sink
 from keyshift.runtime.sources import Source
 from keyshift.runtime.sources.generator import Generator
@@ -101,6 +107,7 @@ class Worker:
         self._deps: RuntimeDeps | None = None
         self.fenced_key_groups: list[int] = []
         self.store_failures = FailedKeyGroups()
+        self._failed_since: dict[tuple[int, int], float] = {}
         """Key groups stopped by a store error that retries do not cure, with back-off."""
 
     # -- state for health and tests ---------------------------------------------------
@@ -110,6 +117,27 @@ class Worker:
         """Key groups stopped by a user function, a poison record or the store."""
         stopped = {kg for kg, r in list(self.runners.items()) if r.failed is not None}
         return sorted(stopped | {kg for kg, _ in self.store_failures.items()})
+
+    def failure_marks(self) -> dict[int, FailureMark]:
+        """Every stopped key group with its reason, since when, and the record's offset."""
+        marks: dict[int, FailureMark] = {}
+        now = time.time()
+        for kg, runner in list(self.runners.items()):  # one step under the GIL
+            failed = runner.failed
+            if failed is None:
+                continue
+            reason = "poison-record" if isinstance(failed, PoisonRecordError) else "user-function"
+            since = self._failed_since.setdefault((kg, id(failed)), now)
+            marks[kg] = FailureMark(reason, since, failed.offset)
+        for kg, failure in self.store_failures.items():
+            marks.setdefault(kg, FailureMark("store", failure.since, None))
+        for key in [k for k in list(self._failed_since) if k[0] not in marks]:
+            self._failed_since.pop(key, None)
+        return marks
+
+    def sync_failure_metrics(self) -> None:
+        """Bring the failure metrics up to date (the loop and the HTTP thread call it)."""
+        self.metrics.failures(self.failure_marks())
 
     @property
     def source_problem(self) -> str | None:
@@ -340,8 +368,8 @@ class Worker:
                 self._claimers[kg] = asyncio.create_task(self._claim(kg), name=f"claim-{kg}")
         for kg, runner in self.runners.items():
             if runner.confirmed and self.store_failures.clear(kg):
-                self.metrics.key_groups_failed.dec()
                 log.info("key group %d runs again", kg)
+        self.sync_failure_metrics()
         self.metrics.key_groups_owned.set(len(self.runners))
         runs_it = all(kg in self.runners and not self.runners[kg].releasing for kg in mine) and all(
             kg in mine for kg in self.runners
@@ -379,12 +407,9 @@ class Worker:
 
     def _store_failed(self, kg: int, exc: BaseException) -> None:
         """Mark ``kg`` failed by an error retries do not cure; log it when it is news."""
-        new = kg not in self.store_failures
         if self.store_failures.record(kg, exc, time.time()):
             log.error("key group %d stopped: %s: %s; retrying with back-off",
                       kg, type(exc).__name__, exc)  # fmt: skip
-        if new:
-            self.metrics.key_groups_failed.inc()
 
     async def _release_stale(self, assignment: Assignment, mine: set[int]) -> None:
         """Release key groups the store says this worker holds but it does not run.
