@@ -9,10 +9,12 @@ test transactions.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,41 @@ S3_SERVER = Path(
     os.environ.get("KEYSHIFT_S3_SERVER", REPO / ".work" / "s3" / "bin" / "moto_server")
 )
 """An S3-compatible server for Tansu's S3 storage: ``moto_server`` from PyPI ``moto[s3]``
-and flask, in a venv of its own (``.ci/run`` makes it: its botocore pins a python-dateutil older
-than the Kubernetes client accepts)."""
+and flask, in a venv of its own (its botocore pins a python-dateutil older than the Kubernetes
+client accepts); :func:`provision_s3_server` makes it on first use, ``.ci/run`` ahead of time."""
+
+S3_REQUIREMENTS = ("moto[s3]>=5.1,<6", "flask", "flask-cors")
+
+
+class S3ServerUnavailable(RuntimeError):
+    """``moto_server`` is not there and could not be installed (no package index?)."""
+
+
+def provision_s3_server() -> Path:
+    """``moto_server``, installed into ``.work/s3`` the first time (once, under a lock, so
+    that concurrent test runs do not install it twice)."""
+    if S3_SERVER.exists():
+        return S3_SERVER
+    if "KEYSHIFT_S3_SERVER" in os.environ:
+        raise S3ServerUnavailable(f"KEYSHIFT_S3_SERVER names {S3_SERVER}, which does not exist")
+    venv = S3_SERVER.parents[1]
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with (venv.parent / "s3-install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if S3_SERVER.exists():  # another run installed it meanwhile
+            return S3_SERVER
+        steps = [
+            [sys.executable, "-m", "venv", "--clear", str(venv)],
+            [str(venv / "bin" / "pip"), "install", "-q", *S3_REQUIREMENTS],
+        ]
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                raise S3ServerUnavailable(
+                    f"installing moto_server into {venv} failed ({' '.join(step[:3])}...): "
+                    + (done.stderr or done.stdout).strip()[-500:]
+                )
+    return S3_SERVER
 
 
 class S3Server:
@@ -48,14 +83,10 @@ class S3Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> S3Server:
-        if not S3_SERVER.exists():
-            raise FileNotFoundError(
-                f"{S3_SERVER} is missing: python3 -m venv .work/s3 && "
-                ".work/s3/bin/pip install 'moto[s3]>=5.1,<6' flask flask-cors (see .ci/run)"
-            )
+        server = provision_s3_server()
         with (self.directory / "s3.log").open("ab") as log:
             self.process = subprocess.Popen(
-                [str(S3_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
+                [str(server), "-H", "127.0.0.1", "-p", str(self.port)],
                 stdout=log, stderr=log, start_new_session=True,
             )  # fmt: skip
         wait_until(self._answers, 30, "the S3 server")
