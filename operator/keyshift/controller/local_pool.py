@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import ctypes.util
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 
 from keyshift.controller.pool import WorkerInfo
 from keyshift.runtime.api import JOB_PATH_ENV
@@ -47,7 +49,9 @@ BACKOFF_RESET_SECONDS = 10.0
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    """Linux only: the kernel ends the worker when the supervisor dies (even by SIGKILL).
+    Elsewhere the next run stops leftover workers (``LocalWorkerPool`` adopts none)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
@@ -120,7 +124,7 @@ class LocalWorkerPool:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C goes to the controller, which stops workers
-                preexec_fn=_die_with_parent,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
                 env=self._environment(),
             )
         finally:
@@ -218,10 +222,9 @@ class LocalWorkerPool:
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` runs; a zombie (exited, not yet reaped) does not."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def stop_pid(pid: int, timeout: float = STOP_TIMEOUT) -> None:
@@ -238,7 +241,7 @@ def stop_pid(pid: int, timeout: float = STOP_TIMEOUT) -> None:
 
 def _is_our_worker(pid: int, manifest: Path) -> bool:
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
+        cmdline = psutil.Process(pid).cmdline()
+    except psutil.Error:
         return False
-    return b"keyshift.runtime" in cmdline and str(manifest).encode() in cmdline
+    return "keyshift.runtime" in cmdline and str(manifest) in cmdline

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import psutil
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
@@ -327,8 +328,8 @@ class LocalRun:
         try:
             pid = int(json.loads(self.dir.supervisor.read_text())["store_pid"])
             # Valkey rewrites its command line; its working directory is its data directory
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except (OSError, ValueError, KeyError, TypeError):
+            cwd = psutil.Process(pid).cwd()
+        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
             return
         if not pid_alive(pid) or Path(cwd) != self.dir.store.resolve():
             return  # gone, or not our server (the PID was reused)
