@@ -8,6 +8,7 @@ import os
 import pty
 import select
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -116,3 +117,9 @@ def test_run_in_a_terminal_ctrl_c_and_resume(manifest: Path, tmp_path: Path) -> 
     second = asyncio.run(committed_positions(store_dir, job.name, key_groups))
     assert all(b >= a for a, b in zip(first, second, strict=True)), "a second run resumes"
     assert sum(second) > sum(first)
+    stopped = subprocess.run(
+        [sys.executable, "-m", "keyshift.controller.cli", "status", job.name],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert stopped.returncode == 0, stopped.stderr
+    assert "not running" in stopped.stdout and "Ctrl-C stops" not in stopped.stdout

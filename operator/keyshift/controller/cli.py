@@ -13,12 +13,24 @@ from pathlib import Path
 
 from rich.console import Console
 
+from keyshift.controller.k8s_api import KubeUnavailable
 from keyshift.controller.local_run import InvalidManifest, JobAlreadyRunning
 from keyshift.store import StoreError
 from keyshift.store.admin import add_store_commands
 from keyshift.store.server import ServerStartError
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 200)
+"""Piped to a file, lines are not wrapped at 80 columns in the middle of a value."""
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version("keyshift")
+    except PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,10 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--dir", type=Path, default=Path(".keyshift"),
         help="where local runs keep their files (default: .keyshift)",
     )  # fmt: skip
+    parser.add_argument("--version", action="version", version=f"keyshift {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="run a StreamJob manifest locally")
-    run.add_argument("manifest", type=Path)
+    run.add_argument("manifest", type=Path, help="a StreamJob manifest (YAML)")
     run.add_argument("--store-url", help="use this store instead of an embedded Valkey")
     run.add_argument("--failover-after", type=float, help="seconds (default: the manifest's)")
     run.add_argument("--restart-delay", type=float, default=5.0,
@@ -41,19 +54,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_run)
 
     scale = commands.add_parser("scale", help="rescale a running local job")
-    scale.add_argument("job")
-    scale.add_argument("parallelism", type=int)
+    scale.add_argument("job", help="the job's name (metadata.name of its manifest)")
+    scale.add_argument("parallelism", type=int, help="the number of workers to run")
     scale.add_argument("--wait", action="store_true", help="wait until the rescale is done")
-    scale.add_argument("--timeout", type=float, default=120.0)
+    scale.add_argument("--timeout", type=float, default=120.0,
+                       help="seconds to wait with --wait (default 120)")  # fmt: skip
     scale.set_defaults(handler=_scale)
 
     status = commands.add_parser("status", help="a local job's assignment, load and rescales")
-    status.add_argument("job")
+    status.add_argument("job", help="the job's name (metadata.name of its manifest)")
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(handler=_status)
 
     explain = commands.add_parser("explain", help="the autoscaler's last decisions and why")
-    explain.add_argument("job")
+    explain.add_argument("job", help="the job's name (metadata.name of its manifest)")
     explain.add_argument("--last", type=int, default=5, help="how many decisions (default 5)")
     explain.add_argument("--json", action="store_true", help="print JSON")
     explain.add_argument(
@@ -144,16 +158,25 @@ def _explain(args: argparse.Namespace) -> int:
     from keyshift.controller.autoscaler import Decision, explain
 
     if args.namespace:
-        from keyshift.controller.k8s_api import KubeApi, load_credentials
+        from keyshift.controller.k8s_api import KubeApi, check_reachable, load_credentials
 
         load_credentials()
+        check_reachable()
         body = asyncio.run(KubeApi().read_job(args.namespace, args.job))
-        auto = ((body or {}).get("status") or {}).get("autoscaler")
+        if body is None:
+            console.print(f"no StreamJob {args.job!r} in namespace {args.namespace!r}")
+            return 1
+        auto = (body.get("status") or {}).get("autoscaler")
         where = f"StreamJob {args.namespace}/{args.job}"
     else:
         from keyshift.controller.local_run import RunDir
 
-        path = RunDir.of(args.job, args.dir).autoscaler
+        run_dir = RunDir.of(args.job, args.dir)
+        if not run_dir.status.exists():
+            console.print(f"no job {args.job!r} has run in {args.dir} (give -n NAMESPACE "
+                          "for a StreamJob on Kubernetes)")  # fmt: skip
+            return 1
+        path = run_dir.autoscaler
         auto = json.loads(path.read_text()) if path.exists() else None
         where = f"local job {args.job!r}"
     if not auto or not auto.get("decisions"):
@@ -178,6 +201,10 @@ def _operator(args: argparse.Namespace) -> int:
     if not args.namespace and not args.all_namespaces:
         console.print("give --namespace NS (repeatable) or --all-namespaces")
         return 2
+    from keyshift.controller.k8s_api import check_reachable, load_credentials
+
+    load_credentials()  # a clear message now, not kopf's login retried with tracebacks
+    check_reachable()
     if args.metrics_port is not None:
         prometheus_client.start_http_server(args.metrics_port, addr=args.metrics_host)
     run_operator(
@@ -213,9 +240,10 @@ def _scale(args: argparse.Namespace) -> int:
         if doc["parallelism"] == args.parallelism and doc["rescale_in_progress"] is None:
             last = doc["rescales"][-1] if doc["rescales"] else None
             if last:
+                took = last["duration_seconds"]
                 console.print(
-                    f"rescaled {last['from']} -> {last['to']} in {last['duration_seconds']} s, "
-                    f"outcome {last['outcome']}"
+                    f"rescaled {last['from']} -> {last['to']} in "
+                    f"{'?' if took is None else f'{took:.2f}'} s, outcome {last['outcome']}"
                 )
             return 0
         time.sleep(0.2)
@@ -279,7 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except InvalidManifest as exc:  # refused before anything started
         parser.exit(2, f"keyshift: error: {exc}\n")
-    except (StoreError, ValueError, OSError, JobAlreadyRunning, ServerStartError) as exc:
+    except (
+        StoreError, ValueError, OSError, JobAlreadyRunning, ServerStartError, KubeUnavailable,
+    ) as exc:  # fmt: skip
         # a user's mistake or an outage: a message, not a traceback
         parser.exit(1, f"keyshift: error: {exc}\n")
 

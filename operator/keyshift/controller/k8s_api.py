@@ -24,12 +24,38 @@ PLURAL = "streamjobs"
 MERGE_PATCH = "application/merge-patch+json"
 
 
+class KubeUnavailable(Exception):
+    """No Kubernetes API to talk to: no credentials, or the API server does not answer."""
+
+
 def load_credentials() -> None:
-    """In-cluster credentials when running in a pod, else the kubeconfig (``KUBECONFIG``)."""
+    """In-cluster credentials when running in a pod, else the kubeconfig (``KUBECONFIG``);
+    :class:`KubeUnavailable` when there are neither."""
     try:
         kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+        try:
+            kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+        except (kubernetes.config.ConfigException, OSError) as exc:
+            raise KubeUnavailable(
+                "no Kubernetes credentials: not in a pod, and no usable kubeconfig "
+                f"({exc}); set KUBECONFIG or run `kubectl config use-context`"
+            ) from None
+
+
+def check_reachable(timeout: float = 5.0) -> None:
+    """Ask the API server for its version; :class:`KubeUnavailable` if it does not answer."""
+    client = kubernetes.client.ApiClient()
+    host = client.configuration.host
+    try:
+        kubernetes.client.VersionApi(client).get_code(_request_timeout=timeout)
+    except Exception as exc:  # urllib3 and client errors alike: all mean "not reachable"
+        raise KubeUnavailable(
+            f"the Kubernetes API at {host} does not answer: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        ) from None
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
 
 
 class KubeApi:

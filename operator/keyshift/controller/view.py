@@ -97,11 +97,12 @@ def render(doc: dict[str, Any], events: Sequence[str] = ()) -> Group:
     ]
     if events:
         parts.append(Panel(Text("\n".join(events[-5:])), title="events", title_align="left"))
-    hint = (
-        f"Ctrl-C stops the job (state is committed); `keyshift scale {doc['job']} N` "
-        "rescales it from another terminal."
-    )
-    parts.append(Text(hint, style="dim"))
+    if doc.get("running", True):
+        hint = (
+            f"Ctrl-C stops the job (state is committed); `keyshift scale {doc['job']} N` "
+            "rescales it from another terminal."
+        )
+        parts.append(Text(hint, style="dim"))
     return Group(*parts)
 
 
@@ -131,6 +132,7 @@ def log_line(doc: dict[str, Any]) -> str:
     """One line per interval when stdout is not a terminal."""
     ready = sum(1 for w in doc["workers"] if w["ready"])
     line = (
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(doc['at']))} "
         f"job={doc['job']} parallelism={doc['parallelism']} "
         f"desired={doc['desired_parallelism']} generation={doc['generation']} "
         f"workers_ready={ready}/{len(doc['workers'])} input={_num(doc['rates']['input'])}/s "

@@ -15,7 +15,7 @@ from keyshift.runtime.api import JOB_PATH_ENV, JobLoadError, load_job
 from keyshift.runtime.config import load_manifest, settings_from
 from keyshift.runtime.httpserver import start_http
 from keyshift.runtime.worker import Worker
-from keyshift.store import StoreMisconfigured, open_store
+from keyshift.store import StoreError, open_store
 
 log = logging.getLogger("keyshift.runtime")
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return asyncio.run(run(args))
-    except (JobLoadError, ValidationError, ValueError, OSError, StoreMisconfigured) as exc:
+    except (JobLoadError, ValidationError, ValueError, OSError, StoreError) as exc:
         report_fatal(f"{type(exc).__name__}: {exc}")
         return 1
 

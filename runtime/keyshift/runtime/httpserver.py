@@ -80,7 +80,12 @@ def make_handler(worker: Worker) -> type[BaseHTTPRequestHandler]:
 
 async def start_http(worker: Worker, host: str, port: int) -> tuple[HttpServer, int]:
     """Start serving in a thread; return the server (to clean up) and the bound port."""
-    server = ThreadingHTTPServer((host, port), make_handler(worker))
+    try:
+        server = ThreadingHTTPServer((host, port), make_handler(worker))
+    except OSError as exc:
+        raise OSError(
+            exc.errno, f"cannot serve /metrics, /healthz, /readyz on {host}:{port}: {exc.strerror}"
+        ) from None
     server.daemon_threads = True
     http = HttpServer(server)
     return http, http.port

@@ -195,6 +195,17 @@ class RedisStateStore:
                 if not self._initialized:
                     await self._initialize()
                 result = await call()
+            except (rexc.AuthenticationError, rexc.AuthorizationError) as exc:
+                # a ConnectionError to redis-py, but no retry brings the right password
+                raise StoreRejected(
+                    f"the store at {self.url or 'its address'} refused the credentials "
+                    f"during {what}: {exc}"
+                ) from exc
+            except rexc.InvalidResponse as exc:
+                raise StoreRejected(
+                    f"the server at {self.url or 'its address'} does not speak the Redis "
+                    f"protocol (is it the store's port?): {exc}"
+                ) from exc
             except TRANSIENT_ERRORS as exc:
                 failures += 1
                 if failures == 1:  # a retried call leaves a trace, once
