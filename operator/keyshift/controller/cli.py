@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a StreamJob manifest locally")
     run.add_argument("manifest", type=Path, help="a StreamJob manifest (YAML)")
     run.add_argument("--store-url", help="use this store instead of an embedded Valkey")
+    run.add_argument(
+        "--fresh", action="store_true",
+        help="start from nothing: delete the job's state, its rescale history and its input "
+        "clock first (otherwise a run resumes where the last one stopped)",
+    )  # fmt: skip
     run.add_argument("--failover-after", type=float, help="seconds (default: the manifest's)")
     run.add_argument("--restart-delay", type=float, default=5.0,
                      help="seconds before a crashed worker is restarted")  # fmt: skip
@@ -147,7 +152,7 @@ def _run(args: argparse.Namespace) -> int:
     from keyshift.controller.local_run import run_local
 
     return run_local(
-        args.manifest, base_dir=args.dir, store_url=args.store_url,
+        args.manifest, base_dir=args.dir, store_url=args.store_url, fresh=args.fresh,
         failover_after=args.failover_after, restart_delay=args.restart_delay,
     )  # fmt: skip
 
@@ -229,8 +234,13 @@ def _scale(args: argparse.Namespace) -> int:
             f"parallelism must be between 1 and the key group count ({key_groups or '?'})"
         )
         return 2
-    run_dir.write_json(run_dir.desired, {"parallelism": args.parallelism, "reason": "manual",
-                                         "requested_at": time.time()})  # fmt: skip
+    previous = json.loads(run_dir.desired.read_text()) if run_dir.desired.exists() else {}
+    run_dir.write_json(run_dir.desired, {
+        "parallelism": args.parallelism, "reason": "manual", "requested_at": time.time(),
+        # the manifest's value this choice overrides: a restart keeps the choice while the
+        # manifest still says that (keep_manual_parallelism)
+        "manifest_parallelism": previous.get("manifest_parallelism"),
+    })  # fmt: skip
     console.print(f"{args.job}: desired parallelism {args.parallelism}")
     if not args.wait:
         return 0

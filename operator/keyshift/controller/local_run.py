@@ -14,6 +14,9 @@ running job through files of its run directory, ``.keyshift/<job>/``:
 | ``controller.json`` | the controller | rescale in progress and history |
 | ``store/`` | the embedded Valkey | its AOF |
 | ``logs/`` | the workers | one log per worker |
+
+A ``keyshift scale`` survives a restart while the manifest's parallelism is what it was
+when the scale was asked for; ``keyshift run --fresh`` starts the job from nothing.
 """
 
 from __future__ import annotations
@@ -216,6 +219,7 @@ class LocalRun:
         *,
         base_dir: Path = Path(".keyshift"),
         store_url: str | None = None,
+        fresh: bool = False,
         live: bool | None = None,
         failover_after: float | None = None,
         restart_delay: float = 5.0,
@@ -227,6 +231,7 @@ class LocalRun:
         self.spec = self.manifest.spec
         self.dir = RunDir.of(self.job, base_dir)
         self.external_store_url = store_url
+        self.fresh = fresh
         self.console = console or Console()
         self.live = self.console.is_terminal if live is None else live
         self.failover_after = failover_after or self.spec.failover_after
@@ -273,11 +278,20 @@ class LocalRun:
             "pid": os.getpid(), "store_url": url, "manifest": str(self.manifest_path),
             "store_pid": None if server is None else server.pid, "started_at": time.time(),
         })  # fmt: skip
-        self.dir.write_json(self.dir.desired, {"parallelism": self.spec.parallelism,
-                                               "reason": "manual"})  # fmt: skip
+        if self.spec.state_store.url and not self.external_store_url:
+            self.event("Normal", f"the manifest's stateStore.url ({self.spec.state_store.url}) "
+                       f"is not used locally: an embedded Valkey in {self.dir.store} keeps the "
+                       "state (pass --store-url to use another store)")  # fmt: skip
         store = open_store(url)
         provider = DirectScrapeProvider(window_seconds=10.0)
         try:
+            if self.fresh:
+                removed = await store.delete_job(self.job)
+                for path in (self.dir.controller, self.dir.autoscaler, self.dir.desired):
+                    path.unlink(missing_ok=True)
+                self.event("Normal", f"--fresh: deleted the job's state ({removed} keys), its "
+                           "rescale history and its input clock")  # fmt: skip
+            self._start_desired()
             info = await store.init_job(self.job, self.spec.key_groups)
             if info.key_groups != self.spec.key_groups:
                 raise InvalidManifest(
@@ -312,6 +326,23 @@ class LocalRun:
             with contextlib.suppress(FileNotFoundError):
                 self.dir.supervisor.unlink()
         return 0
+
+    def _start_desired(self) -> None:
+        """The manifest's parallelism, unless ``keyshift scale`` chose another since the
+        manifest last said what it says now (then that choice survives the restart)."""
+        previous = read_json(self.dir.desired)
+        decision = keep_manual_parallelism(previous, self.spec.parallelism)
+        if decision is not None:
+            self.event("Normal", f"keeping parallelism {decision} set by `keyshift scale` "
+                       f"(the manifest says {self.spec.parallelism}; `keyshift scale` or a "
+                       "change of the manifest's parallelism replaces it)")  # fmt: skip
+            assert previous is not None
+            self.dir.write_json(self.dir.desired, previous)
+            return
+        self.dir.write_json(self.dir.desired, {
+            "parallelism": self.spec.parallelism, "reason": "manual",
+            "manifest_parallelism": self.spec.parallelism,
+        })  # fmt: skip
 
     def _store_port(self) -> int:
         """The embedded store's port of the last run, if still free: a stable URL."""
@@ -439,6 +470,28 @@ class LocalRun:
             for w in doc["workers"]:
                 w.update(ready=False, running=False, pid=None)
             self.dir.write_json(self.dir.status, doc)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def keep_manual_parallelism(previous: dict[str, Any] | None, manifest: int) -> int | None:
+    """The parallelism a ``keyshift scale`` chose in an earlier run, if it still stands: the
+    manifest's parallelism is what it was when that choice was made (a changed manifest
+    wins)."""
+    if not previous or previous.get("requested_at") is None:
+        return None  # no manual scale since the manifest's value was written
+    if previous.get("manifest_parallelism") != manifest:
+        return None
+    try:
+        return int(previous["parallelism"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def file_sd_targets(targets: list[WorkerTarget]) -> list[dict[str, Any]]:
