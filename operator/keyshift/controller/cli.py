@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("manifest", type=Path, help="a StreamJob manifest (YAML)")
     run.add_argument("--store-url", help="use this store instead of an embedded Valkey")
     run.add_argument(
+        "--keep-running", action="store_true",
+        help="keep running after a bounded input is all processed (default: exit 0 then)",
+    )  # fmt: skip
+    run.add_argument(
         "--fresh", action="store_true",
         help="start from nothing: delete the job's state, its rescale history and its input "
         "clock first (otherwise a run resumes where the last one stopped)",
@@ -153,6 +157,7 @@ def _run(args: argparse.Namespace) -> int:
 
     return run_local(
         args.manifest, base_dir=args.dir, store_url=args.store_url, fresh=args.fresh,
+        keep_running=args.keep_running,
         failover_after=args.failover_after, restart_delay=args.restart_delay,
     )  # fmt: skip
 

@@ -220,6 +220,7 @@ class LocalRun:
         base_dir: Path = Path(".keyshift"),
         store_url: str | None = None,
         fresh: bool = False,
+        keep_running: bool = False,
         live: bool | None = None,
         failover_after: float | None = None,
         restart_delay: float = 5.0,
@@ -232,6 +233,8 @@ class LocalRun:
         self.dir = RunDir.of(self.job, base_dir)
         self.external_store_url = store_url
         self.fresh = fresh
+        self.keep_running = keep_running
+        self._said_finished = False
         self.console = console or Console()
         self.live = self.console.is_terminal if live is None else live
         self.failover_after = failover_after or self.spec.failover_after
@@ -451,13 +454,29 @@ class LocalRun:
             with Live(console=self.console, refresh_per_second=4, screen=False) as live:
                 while not self.stop_event.is_set():
                     doc = await self._status(controller, pool, provider)
+                    self._stop_if_finished(doc)
                     live.update(render(doc, list(self.events)))
                     await self._wait(STATUS_INTERVAL)
         else:
             while not self.stop_event.is_set():
                 doc = await self._status(controller, pool, provider)
+                self._stop_if_finished(doc)
                 print(log_line(doc), flush=True)
                 await self._wait(STATUS_INTERVAL)
+
+    def _stop_if_finished(self, doc: dict[str, Any]) -> None:
+        """A bounded job whose every key group is done ends the run, unless kept running."""
+        if not doc["finished"] or doc["rescale_in_progress"] or self.stop_event.is_set():
+            return
+        if self.keep_running:
+            if not self._said_finished:
+                self.event("Normal", "finished: every key group processed its whole input "
+                           "and committed; --keep-running keeps the workers up")  # fmt: skip
+                self._said_finished = True
+            return
+        self.event("Normal", "finished: every key group processed its whole input and "
+                   "committed; stopping (--keep-running keeps the workers up)")  # fmt: skip
+        self.stop_event.set()
 
     async def _wait(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

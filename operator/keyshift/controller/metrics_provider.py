@@ -71,6 +71,7 @@ CACHE_HITS = "keyshift_state_cache_hits_total"
 CACHE_MISSES = "keyshift_state_cache_misses_total"
 GENERATION = "keyshift_assignment_generation"
 OWNED = "keyshift_key_groups_owned"
+FINISHED = "keyshift_key_groups_finished"
 END_OFFSET = "keyshift_source_end_offset"
 POSITION = "keyshift_source_position"
 LAG = "keyshift_source_lag_records"
@@ -143,6 +144,7 @@ class WorkerLoad:
     cache_hit_ratio: float | None  # hits / (hits + misses) over the window
     lag: int  # sum of keyshift_source_lag_records of its key groups
     failed_key_groups: tuple[FailedKeyGroup, ...] = ()
+    key_groups_finished: int = 0  # bounded input ended, all processed and committed
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +194,7 @@ class WorkerSnapshot:
     key_groups_owned: int
     key_groups: Mapping[int, KeyGroupReading]
     failed: tuple[FailedKeyGroup, ...] = ()
+    key_groups_finished: int = 0
 
 
 class MetricsFormatError(ValueError):
@@ -204,6 +207,7 @@ def parse_exposition(text: str) -> WorkerSnapshot:
     created: list[tuple[dict[str, str], float]] = []
     per_kg: dict[str, dict[int, float]] = {name: {} for name in (*_KEY_GROUP_SERIES, FAILED_OFFSET)}
     failed_since: list[tuple[dict[str, str], float]] = []
+    finished = 0
     try:
         families = list(text_string_to_metric_families(text))
     except ValueError as exc:
@@ -217,6 +221,8 @@ def parse_exposition(text: str) -> WorkerSnapshot:
                 created.append((sample.labels, sample.value))
             elif name == FAILED_SINCE:
                 failed_since.append((sample.labels, sample.value))
+            elif name == FINISHED and math.isfinite(sample.value):
+                finished += int(sample.value)
             elif name in per_kg:
                 raw = sample.labels.get("key_group")
                 try:
@@ -260,6 +266,7 @@ def parse_exposition(text: str) -> WorkerSnapshot:
         key_groups_owned=int(values[OWNED]),
         key_groups=readings,
         failed=failed_key_groups(identity[1], failed_since, per_kg[FAILED_OFFSET]),
+        key_groups_finished=finished,
     )
 
 
@@ -418,6 +425,7 @@ def summarize(rounds: Sequence[ScrapeRound], workers: Sequence[WorkerTarget]) ->
                 cache_hit_ratio=rates.cache_hit_ratio if rates else None,
                 lag=sum(r.lag for r in latest.key_groups.values()),
                 failed_key_groups=latest.failed,
+                key_groups_finished=latest.key_groups_finished,
             )
         )
 

@@ -67,6 +67,7 @@ from keyshift.controller.metrics_provider import (
     END_OFFSET,
     FAILED_OFFSET,
     FAILED_SINCE,
+    FINISHED,
     GENERATION,
     LAG,
     OWNED,
@@ -110,6 +111,7 @@ KEY_GROUPS_OWNED = "key_groups_owned"
 ASSIGNMENT_GENERATION = "generation"
 WORKER_LAG = "worker_lag"
 FAILED = "failed_since"
+FINISHED_KEY_GROUPS = "key_groups_finished"
 FAILED_AT_OFFSET = "failed_offset"
 
 #: A worker's first sample may come this fraction of the window after its start
@@ -181,6 +183,7 @@ def queries_for(
         ASSIGNMENT_GENERATION: f"max by (worker) ({GENERATION}{sel})",
         WORKER_LAG: f"sum by (worker) ({LAG}{sel})",
         FAILED: f"max by (worker, key_group, reason) ({FAILED_SINCE}{sel})",
+        FINISHED_KEY_GROUPS: f"max by (worker) ({FINISHED}{sel})",
         FAILED_AT_OFFSET: f"max by (worker, key_group) ({FAILED_OFFSET}{sel})",
     }
     if overrides is not None:
@@ -348,6 +351,7 @@ def to_load_sample(
     generation = per_worker_values(ASSIGNMENT_GENERATION)
     worker_lag = per_worker_values(WORKER_LAG) or {}
     failed_series = get(FAILED) or []
+    finished = per_worker_values(FINISHED_KEY_GROUPS) or {}
     offset_series = get(FAILED_AT_OFFSET) or []
     window_start = at - window_seconds
     tolerance = coverage_tolerance(window_seconds)
@@ -399,6 +403,7 @@ def to_load_sample(
                 generation=int((generation or {}).get(name, 0)),
                 cache_hit_ratio=hit_ratio.get(name),
                 lag=round(worker_lag.get(name, 0.0)),
+                key_groups_finished=int(finished.get(name, 0)),
                 failed_key_groups=failed_key_groups(
                     name,
                     [(s.labels, s.value) for s in failed_series if s.labels.get("worker") == name],

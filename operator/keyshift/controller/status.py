@@ -32,6 +32,11 @@ def rescale_summary(r: Rescale) -> dict[str, Any]:
     }
 
 
+def finished(load: LoadSample | None, key_groups: int) -> bool:
+    """Every key group's bounded input ended, and all of it is processed and committed."""
+    return load is not None and sum(w.key_groups_finished for w in load.per_worker) == key_groups
+
+
 def failed_summary(f: FailedKeyGroup) -> dict[str, Any]:
     return {
         "key_group": f.key_group,
@@ -108,6 +113,7 @@ def status_document(
             "processed": None if load is None else load.processed_rate,
         },
         "failed_key_groups": [failed_summary(f) for f in failed],
+        "finished": finished(load, key_groups),
         "metrics_complete": False if load is None else load.complete,
         "metrics_missing": [] if load is None else list(load.missing),
         "cache_hit_ratio": _cache_hit_ratio(load),

@@ -62,6 +62,8 @@ def render(doc: dict[str, Any], events: Sequence[str] = ()) -> Group:
         )
     elif auto:
         head.append(f"\nautoscaler ({auto['mode']}): collecting a first window", style="dim")
+    if doc.get("finished"):
+        head.append("\nfinished: every key group processed its whole input", style="green")
     for line in failed_lines(doc):
         head.append("\n" + line, style="bold red")
     if not doc["metrics_complete"] and doc["metrics_missing"]:

@@ -292,6 +292,17 @@ class KeyGroupRunner:
     def releasing(self) -> bool:
         return self.release_generation is not None
 
+    @property
+    def finished(self) -> bool:
+        """Its bounded input ended, every record and timer is processed, all committed."""
+        return (
+            self.failed is None
+            and self._timers_loaded
+            and self.deps.source.exhausted(self.key_group, self.position)
+            and not self._uncommitted()
+            and all(self.timers.next_time(q) is None for q in QUEUES)
+        )
+
     # -- the loop -----------------------------------------------------------------
 
     async def run(self) -> RunnerResult:

@@ -87,6 +87,13 @@ class WorkerMetrics:
             labels,
             registry=r,
         ).labels(**self.labels)
+        self.key_groups_finished = Gauge(
+            "keyshift_key_groups_finished",
+            "Key groups whose bounded input ended with every record and timer processed "
+            "and committed",
+            labels,
+            registry=r,
+        ).labels(**self.labels)
         self._failed_since = Gauge(
             "keyshift_key_group_failed_timestamp_seconds",
             "Unix time a stopped key group failed, while it is stopped; reason: "

@@ -370,6 +370,7 @@ class Worker:
             if runner.confirmed and self.store_failures.clear(kg):
                 log.info("key group %d runs again", kg)
         self.sync_failure_metrics()
+        self.metrics.key_groups_finished.set(sum(r.finished for r in self.runners.values()))
         self.metrics.key_groups_owned.set(len(self.runners))
         runs_it = all(kg in self.runners and not self.runners[kg].releasing for kg in mine) and all(
             kg in mine for kg in self.runners

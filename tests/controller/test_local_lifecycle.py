@@ -1,5 +1,6 @@
-"""Restarting a local run (issue 20, section 2): a manual ``keyshift scale`` survives a
-restart while the manifest's parallelism is unchanged, ``--fresh`` starts from nothing,
+"""Restarting and finishing a local run (issue 20, section 2): a manual ``keyshift scale``
+survives a restart while the manifest's parallelism is unchanged, ``--fresh`` starts from
+nothing, a bounded job ends the run with exit 0 once all is processed,
 and a manifest's store URL that a local run does not use is said so."""
 
 from __future__ import annotations
@@ -61,3 +62,26 @@ def test_a_manual_scale_survives_a_restart_and_fresh_starts_over(
     assert "--fresh: deleted the job's state" in fresh.log()
     assert status["generation"] < generation
     assert [(r["from"], r["to"]) for r in status["rescales"]] == [(0, 2)]  # history gone
+
+
+def test_a_bounded_job_finishes_and_the_run_exits_0(
+    tmp_path: Path, local_jobs: list[LocalJob]
+) -> None:
+    job = "bounded"
+    source = {"seed": 9, "keys": 300, "limit": 500}
+    doc = counter_manifest(job, key_groups=4, parallelism=2, store_url="redis://127.0.0.1:1",
+                           source=source)  # fmt: skip
+    manifest = write_manifest(tmp_path, doc)
+    kept = LocalJob(tmp_path, manifest, job, extra_args=("--keep-running",))
+    local_jobs.append(kept)
+    kept.start()
+    status = kept.wait_status(lambda s: s["finished"], 60, "the job to finish")
+    assert status["running"] and "--keep-running keeps the workers up" in kept.log()
+    assert kept.interrupt() == 0
+
+    run = LocalJob(tmp_path, manifest, job)  # everything is processed already
+    run.start()
+    assert run.process is not None
+    assert run.process.wait(timeout=60) == 0, run.log()
+    assert "finished: every key group processed its whole input and committed" in run.log()
+    assert run.status()["finished"] is True
