@@ -19,13 +19,13 @@ from keyshift.store.protocol import (
     Assignment,
     Claim,
     CommitResult,
-    Fenced,
     JobInfo,
     KeyGroupInfo,
     StaleClaim,
     StaleGeneration,
     Timer,
     TimerChanges,
+    fence_violation,
 )
 
 
@@ -131,21 +131,12 @@ class MemoryStore:
 
     def _fence(self, job: str, key_group: int, epoch: int, token: str, seq: int) -> None:
         kg = self._kg(job, key_group)
-        if kg.epoch != epoch or kg.token != token:
-            reason = "epoch"
-        elif seq >= 0 and kg.seq != seq:
-            reason = "sequence"
-        else:
-            return
-        raise Fenced(
-            job,
-            key_group,
-            reason,  # type: ignore[arg-type]
-            expected_epoch=epoch,
-            stored_epoch=kg.epoch,
-            expected_seq=seq,
-            stored_seq=kg.seq,
-        )
+        fenced = fence_violation(
+            job, key_group, epoch=epoch, token=token, seq=seq,
+            stored_epoch=kg.epoch, stored_token=kg.token, stored_seq=kg.seq,
+        )  # fmt: skip
+        if fenced is not None:
+            raise fenced
 
     async def commit(
         self,

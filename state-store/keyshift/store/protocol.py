@@ -128,6 +128,36 @@ class StaleClaim(StoreError):
         )
 
 
+def fence_violation(
+    job: str,
+    key_group: int,
+    *,
+    epoch: int,
+    token: str,
+    seq: int,
+    stored_epoch: int,
+    stored_token: str,
+    stored_seq: int,
+) -> Fenced | None:
+    """The :class:`Fenced` error a writer holding ``(epoch, token, seq)`` gets from a store
+    holding the ``stored_*`` fence, or None if they match (``seq`` -1: not compared)."""
+    if stored_epoch != epoch or stored_token != token:
+        reason: Literal["epoch", "sequence"] = "epoch"
+    elif seq >= 0 and stored_seq != seq:
+        reason = "sequence"
+    else:
+        return None
+    return Fenced(
+        job,
+        key_group,
+        reason,
+        expected_epoch=epoch,
+        stored_epoch=stored_epoch,
+        expected_seq=seq,
+        stored_seq=stored_seq,
+    )
+
+
 class StaleGeneration(StoreError):
     """An assignment was published over a generation other than the expected one."""
 

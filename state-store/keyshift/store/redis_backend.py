@@ -51,6 +51,7 @@ from keyshift.store.protocol import (
     TimerChanges,
     check_job_name,
     check_state_name,
+    fence_violation,
 )
 
 T = TypeVar("T")
@@ -392,23 +393,18 @@ class RedisStateStore:
             key_group=key_group,
         )
         meta = {b"epoch": raw[0] or b"", b"seq": raw[2] or b""}
-        stored_epoch = _meta_int(meta, "epoch", job, key_group)
-        stored_seq = _meta_int(meta, "seq", job, key_group)
-        if stored_epoch != epoch or (raw[1] or b"").decode() != token:
-            reason: Literal["epoch", "sequence"] = "epoch"
-        elif stored_seq != seq:
-            reason = "sequence"
-        else:
-            return
-        raise Fenced(
+        fenced = fence_violation(
             job,
             key_group,
-            reason,
-            expected_epoch=epoch,
-            stored_epoch=stored_epoch,
-            expected_seq=seq,
-            stored_seq=stored_seq,
+            epoch=epoch,
+            token=token,
+            seq=seq,
+            stored_epoch=_meta_int(meta, "epoch", job, key_group),
+            stored_token=(raw[1] or b"").decode(errors="replace"),
+            stored_seq=_meta_int(meta, "seq", job, key_group),
         )
+        if fenced is not None:
+            raise fenced
 
     async def release(
         self, job: str, key_group: int, *, epoch: int, token: str, generation: int, seq: int = -1
