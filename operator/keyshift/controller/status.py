@@ -49,7 +49,8 @@ def failed_summary(f: FailedKeyGroup) -> dict[str, Any]:
 
 FAILED_HINT = {
     "user-function": "the job's code raised (errorPolicy fail): fix it and restart the "
-    "workers; the key group replays from its last commit",
+    "workers (locally: Ctrl-C and `keyshift run` again; on Kubernetes: a new image in the "
+    "StreamJob rolls them); the key group replays from its last commit",
     "poison-record": "a record could not be decoded (onPoison fail): choose skip or "
     "dead-letter, or fix the record, and restart the workers",
     "store": "the store refused it or holds corrupt data for it; retried with back-off, "
