@@ -106,6 +106,11 @@ def test_the_operator_scales_a_job_from_prometheus(
         assert auto["enabled"] and auto["mode"] == "scale"
         assert any(d["action"] == "scale_up" for d in auto["decisions"])
         assert final["parallelism"] > 1
+        # kubectl get's "Desired" column: the autoscaler's choice, not spec.parallelism (1)
+        assert final["desiredParallelismSource"] == "autoscaler"
+        assert final["desiredParallelism"] == final["parallelism"]
+        # kubectl get's "Lag" column, from the autoscaler's last window
+        k8s.wait_for(lambda: isinstance(status().get("lag"), int), 30, "status.lag")
         events = [e for e in k8s.list("events", "default")
                   if (e.get("involvedObject") or {}).get("name") == name]  # fmt: skip
         assert any(e.get("reason") == "ScalingDecision" for e in events)

@@ -99,7 +99,8 @@ def test_names_versions_subresources_and_columns() -> None:
     assert columns == {
         "Phase": ("string", ".status.phase"),
         "Parallelism": ("integer", ".status.parallelism"),
-        "Desired": ("integer", ".spec.parallelism"),
+        "Ready": ("string", '.status.conditions[?(@.type=="Ready")].status'),
+        "Desired": ("integer", ".status.desiredParallelism"),
         "Lag": ("integer", ".status.lag"),
         "Last pause": ("number", ".status.lastRescalePauseSeconds"),
         "Age": ("date", ".metadata.creationTimestamp"),

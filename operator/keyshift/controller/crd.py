@@ -409,6 +409,14 @@ def status_schema() -> Schema:
         "properties": {
             "phase": _typed("string", "Pending, Running, Rescaling, Degraded or Failed."),
             "parallelism": _typed("integer", "Workers of the current assignment."),
+            "desiredParallelism": _typed(
+                "integer",
+                "The parallelism the operator moves to: the autoscaler's choice, or "
+                "spec.parallelism (see desiredParallelismSource).",
+            ),
+            "desiredParallelismSource": _typed(
+                "string", "Who chose desiredParallelism: manual (spec.parallelism) or autoscaler."
+            ),
             "generation": _typed("integer", "Generation of the current assignment."),
             "lag": _typed("integer", "Records not yet processed, over all key groups."),
             "lastRescalePauseSeconds": _typed(
@@ -458,7 +466,12 @@ def streamjob_crd() -> dict[str, Any]:
     columns = [
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Parallelism", "type": "integer", "jsonPath": ".status.parallelism"},
-        {"name": "Desired", "type": "integer", "jsonPath": ".spec.parallelism"},
+        {
+            "name": "Ready",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+        },
+        {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredParallelism"},
         {"name": "Lag", "type": "integer", "jsonPath": ".status.lag"},
         {"name": "Last pause", "type": "number", "jsonPath": ".status.lastRescalePauseSeconds"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -302,6 +302,7 @@ class JobRunner:
     async def write_status(self, controller: Controller) -> None:
         workers = await self.pool.workers()
         previous = (self.body.get("status") or {}).get("conditions") or []
+        window = None if self.autoscaler is None else self.autoscaler.last_window
         status = job_status(
             assignment=controller.assignment,
             workers=workers,
@@ -313,6 +314,8 @@ class JobRunner:
             invalid=self.invalid,
             at=time.time(),
             failed=self.failed_key_groups(),
+            desired=self.desired(),
+            lag=None if window is None else window.lag,
         )
         failed_now = {(f["key_group"], f["reason"]) for f in status["failedKeyGroups"]}
         if failed_now - self._failed_reported:

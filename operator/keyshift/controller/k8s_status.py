@@ -19,6 +19,7 @@ import msgspec
 from keyshift.controller.assignment import describe_ranges, key_groups_of
 from keyshift.controller.metrics_provider import FailedKeyGroup
 from keyshift.controller.pool import WorkerInfo
+from keyshift.controller.reconcile import Desired
 from keyshift.controller.records import ControllerRecord
 from keyshift.controller.status import FAILED_HINT, failed_summary, rescale_summary
 from keyshift.store.protocol import Assignment
@@ -98,6 +99,8 @@ def job_status(
     at: float,
     invalid: str | None = None,
     failed: Sequence[FailedKeyGroup] = (),
+    desired: Desired | None = None,
+    lag: int | None = None,
 ) -> Obj:
     """``invalid``: why the newest spec is rejected, while the job runs by an older one;
     ``failed``: the key groups the workers' metrics say are stopped."""
@@ -161,6 +164,9 @@ def job_status(
         "phase": phase,
         "observedGeneration": observed_generation,
         "parallelism": parallelism,
+        "desiredParallelism": None if desired is None else desired.parallelism,
+        "desiredParallelismSource": None if desired is None else desired.reason,
+        "lag": lag,
         "generation": 0 if assignment is None else assignment.generation,
         "selector": selector,
         "conditions": conditions,
