@@ -219,7 +219,7 @@ class LocalJob:
         log = (self.workdir / "keyshift-run.log").open("ab")
         self.process = await asyncio.create_subprocess_exec(
             *self.cli("run", str(self.manifest), "--store-url", self.store_url,
-                      "--failover-after", str(self.failover_after)),
+                      "--failover-after", str(self.failover_after), "--keep-running"),
             cwd=self.workdir, env=self.env, stdout=log, stderr=log, start_new_session=True,
         )  # fmt: skip
         log.close()

@@ -20,12 +20,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 class LocalJob:
     def __init__(
-        self, workdir: Path, manifest: Path, job: str, *, extra_args: tuple[str, ...] = ()
+        self,
+        workdir: Path,
+        manifest: Path,
+        job: str,
+        *,
+        extra_args: tuple[str, ...] = (),
+        keep_running: bool = True,
     ) -> None:
+        """``keep_running``: a bounded job does not end the run when it finishes (the
+        tests' faults and rescales come after the input may have been processed)."""
         self.workdir = workdir
         self.manifest = manifest
         self.job = job
-        self.extra_args = extra_args
+        self.extra_args = (*extra_args, "--keep-running") if keep_running else extra_args
         self.run_dir = workdir / ".keyshift" / job
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"keyshift-run-{job}.log"

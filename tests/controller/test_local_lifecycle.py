@@ -72,14 +72,14 @@ def test_a_bounded_job_finishes_and_the_run_exits_0(
     doc = counter_manifest(job, key_groups=4, parallelism=2, store_url="redis://127.0.0.1:1",
                            source=source)  # fmt: skip
     manifest = write_manifest(tmp_path, doc)
-    kept = LocalJob(tmp_path, manifest, job, extra_args=("--keep-running",))
+    kept = LocalJob(tmp_path, manifest, job)  # keep_running: True
     local_jobs.append(kept)
     kept.start()
     status = kept.wait_status(lambda s: s["finished"], 60, "the job to finish")
     assert status["running"] and "--keep-running keeps the workers up" in kept.log()
     assert kept.interrupt() == 0
 
-    run = LocalJob(tmp_path, manifest, job)  # everything is processed already
+    run = LocalJob(tmp_path, manifest, job, keep_running=False)  # all processed already
     run.start()
     assert run.process is not None
     assert run.process.wait(timeout=60) == 0, run.log()

@@ -188,8 +188,9 @@ RESCALE_STEPS = [
     ("executor.stopping_workers.entered", 2, "stopping_workers"),
 ]
 """Where the controller dies in turn: ``(crash point, the rescale's target, the phase its
-record then shows)``.  A restarted ``keyshift run`` finishes the rescale in its record,
-then heads back to the manifest's parallelism (2): that 4 -> 2 dies at its own steps.
+record then shows)``.  A restarted ``keyshift run`` finishes the rescale in its record;
+then ``keyshift scale 2`` (a manual scale survives a restart, so the test asks for it) heads
+back to the manifest's parallelism: that 4 -> 2 dies at its own steps.
 (``executor.stop.after`` is not among them: the supervisor's workers die with it, so a
 restart after ``stopping_workers.entered`` finds nothing left to stop.)"""
 
@@ -221,6 +222,8 @@ async def test_a_controller_killed_at_every_step_of_a_rescale_completes_it(
         job.start()
         if n == 0:
             assert job.cli("scale", "restart", "4").returncode == 0
+        if n == 4:  # the first step of the way back
+            assert job.cli("scale", "restart", "2").returncode == 0
         await asyncio.to_thread(_wait_exit, job)
         if n == 0:
             store = job.store()  # the embedded store outlives its supervisor till a restart
