@@ -14,6 +14,7 @@ from keyshift.controller.assignment import plan_assignment
 from keyshift.runtime.api import Job, encode_key
 from keyshift.runtime.config import StreamJob, settings_from
 from keyshift.runtime.expected import counter_state_encoded
+from keyshift.runtime.sinks import Origin
 from keyshift.runtime.sources.generator import Generator
 from keyshift.runtime.store import MemoryStore
 from keyshift.runtime.worker import Worker
@@ -209,8 +210,8 @@ class LosingSink:
         self.lost_once = False
         self.outputs: list[tuple[int, int, Any]] = []
 
-    def emit(self, key_group: int, offset: int, value: Any, key: Any = None) -> None:
-        self.outputs.append((key_group, offset, value))
+    def emit(self, origin: Origin, value: Any, key: Any = None) -> None:
+        self.outputs.append((origin.key_group, origin.offset, value))
 
     async def flush(self, key_group: int) -> None:
         if key_group == self.lose:

@@ -251,7 +251,8 @@ class KafkaSource(KafkaClient):
 
 class KafkaSink(KafkaClient):
     """A Kafka topic; every output carries its origin in headers (``keyshift-key-group``,
-    ``keyshift-offset``, ``keyshift-index``), so a consumer can deduplicate."""
+    ``keyshift-offset``, ``keyshift-index``, and ``keyshift-timer`` on a timer's outputs),
+    so a consumer can deduplicate."""
 
     type: Literal["kafka"] = "kafka"
     """The sink type."""

@@ -24,7 +24,7 @@ from keyshift.runtime.api import Job, decode_key, encode_key
 from keyshift.runtime.cache import CacheMiss, StateCache
 from keyshift.runtime.faults import crash_point
 from keyshift.runtime.metrics import WorkerMetrics
-from keyshift.runtime.sinks import Outputs, SinkUnavailable
+from keyshift.runtime.sinks import Outputs, SinkUnavailable, TimerOrigin
 from keyshift.runtime.sources import Poison, Source, SourceBatch
 from keyshift.runtime.store import WorkerStore
 from keyshift.runtime.timers import (
@@ -561,7 +561,8 @@ class KeyGroupRunner:
                 for state, value in ctx._pending.items():
                     cache.put(kg, state, kb, value)
                 if ctx._outputs:
-                    outputs.emit_all(kg, self.position, key, ctx._outputs)
+                    origin = TimerOrigin(queue, time_ms, key)
+                    outputs.emit_all(kg, self.position, key, ctx._outputs, origin)
                 if ctx._timers.ops:
                     ctx._timers.apply(timers, kb)
                 self.timers_fired += 1
