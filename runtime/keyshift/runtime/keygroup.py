@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from keyshift.runtime.aio import wait_event
-from keyshift.runtime.api import Job, decode_key, encode_key
+from keyshift.runtime.api import CorruptState, Job, decode_key, encode_key
 from keyshift.runtime.cache import CacheMiss, StateCache
 from keyshift.runtime.faults import crash_point
 from keyshift.runtime.metrics import WorkerMetrics
@@ -223,6 +223,28 @@ class PoisonRecordError(Exception):
         )
 
 
+class CorruptStateError(Exception):
+    """A state value in the store that its codec cannot decode stopped the key group:
+    a store error, whatever ``errorPolicy`` says; nothing is committed past the key
+    group's last commit."""
+
+    def __init__(self, key_group: int, offset: int, key: Any, cause: CorruptState) -> None:
+        self.key_group = key_group
+        self.offset = offset
+        self.state = cause.state
+        self.key = key
+        self.cause = cause
+        error = cause.error
+        super().__init__(
+            f"corrupt state in the store: key group {key_group}, state {cause.state!r}, key "
+            f"{key!r}: {len(cause.raw)} bytes the state cannot decode "
+            f"({type(error).__name__}: {error}), read at offset {offset}"
+        )
+
+
+Failure = UserFunctionError | PoisonRecordError | CorruptStateError
+
+
 class KeyGroupRunner:
     def __init__(self, deps: RuntimeDeps, claim: Claim) -> None:
         self.deps = deps
@@ -232,7 +254,7 @@ class KeyGroupRunner:
         self.seq = claim.seq
         self.position = claim.position
         self.committed_position = claim.position
-        self.failed: UserFunctionError | PoisonRecordError | None = None
+        self.failed: Failure | None = None
         self.release_generation: int | None = None
         self.stopping = False
         self._wake = asyncio.Event()
@@ -357,7 +379,7 @@ class KeyGroupRunner:
         if self.timed:
             waited_timers = await self._fire_due(now)
             if self.failed is not None:
-                await self.checkpoint()
+                await self._checkpoint_failed()
                 return
         else:
             waited_timers = 0.0
@@ -375,7 +397,9 @@ class KeyGroupRunner:
             busy = time.perf_counter() - started - waited - waited_timers
             deps.metrics.busy_seconds.inc(max(0.0, busy))
         deps.metrics.records_processed.inc(done)
-        if self.failed is not None or due or deps.cache.needs_checkpoint:
+        if self.failed is not None:
+            await self._checkpoint_failed()
+        elif due or deps.cache.needs_checkpoint:
             await self.checkpoint()
         await asyncio.sleep(0)  # let the other key groups and the watcher run
 
@@ -437,6 +461,9 @@ class KeyGroupRunner:
                 process(record, ctx)
             except _NotLoaded:
                 break  # the next step reloads it
+            except CorruptState as exc:
+                self._corrupt(offset, ctx._key, exc)
+                break
             except Exception as exc:
                 if deps.error_policy == "fail":
                     self.failed = UserFunctionError(kg, offset, exc)
@@ -495,6 +522,25 @@ class KeyGroupRunner:
         )  # fmt: skip
         return True
 
+    def _corrupt(self, offset: int, key: Any, exc: CorruptState) -> None:
+        """A state value of ``key`` cannot be decoded: stop the key group at its last
+        commit (its uncommitted work is dropped, never committed over the bad value)."""
+        deps = self.deps
+        self.failed = CorruptStateError(self.key_group, offset, key, exc)
+        deps.metrics.key_groups_failed.inc()
+        deps.cache.drop(self.key_group)
+        log.error(
+            "%s; key group %d stopped at its last commit (position %d), whatever the "
+            "errorPolicy: repair or delete the value, then move or restart the key group",
+            self.failed, self.key_group, self.committed_position,
+        )  # fmt: skip
+
+    async def _checkpoint_failed(self) -> None:
+        """A record or timer failed: commit what came before it, unless the store's own
+        state is corrupt (then nothing more is committed)."""
+        if not isinstance(self.failed, CorruptStateError):
+            await self.checkpoint()
+
     def _uncommitted(self) -> bool:
         return (
             self.position != self.committed_position
@@ -544,6 +590,9 @@ class KeyGroupRunner:
                 try:
                     on_timer(FiredTimer(domain, time_ms, key, payload, member), ctx)
                 except _NotLoaded:
+                    return False
+                except CorruptState as exc:
+                    self._corrupt(self.position, key, exc)
                     return False
                 except Exception as exc:
                     if deps.error_policy == "fail":

@@ -60,7 +60,8 @@ class WorkerMetrics:
         ).labels(**self.labels)
         self.key_groups_failed = Gauge(
             "keyshift_key_groups_failed",
-            "Key groups stopped by a user-function error (errorPolicy fail)",
+            "Key groups stopped: a user-function error (errorPolicy fail), a poison record "
+            "(onPoison fail) or a corrupt state value in the store",
             labels,
             registry=r,
         ).labels(**self.labels)
