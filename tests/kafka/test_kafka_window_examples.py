@@ -22,13 +22,12 @@ from keyshift.runtime.kafka import fill_topic
 from keyshift.runtime.sources.generator import Generator
 from keyshift.store import Assignment, open_store
 from keyshift.store.server import LocalServer
-from tests.kafka.test_kafka_jobs import header
+from tests.kafka.test_kafka_jobs import header, kafka_identity
 from tests.kafka_broker import KafkaBroker
 from tests.runtime.test_window_jobs import (
     EXAMPLES,
     OOO_MS,
     Example,
-    Identity,
     K,
     assert_deduplicable,
 )
@@ -49,13 +48,6 @@ def kafka_manifest(example: Example, name: str, bootstrap: str, url: str) -> dic
     spec["source"]["deadLetterTopic"] = f"{name}-dlq"
     spec["stateStore"] = {"url": url}
     return raw
-
-
-def kafka_identity(message: Any) -> Identity:
-    """The origin headers of an output, as a consumer deduplicating would take them."""
-    names = ("keyshift-key-group", "keyshift-offset", "keyshift-index")
-    timer = [v for k, v in message.headers() or [] if k == "keyshift-timer"]
-    return (*[header(message, n) for n in names], *timer)
 
 
 def generator_source(example: Example) -> GeneratorSource:
