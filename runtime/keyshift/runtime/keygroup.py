@@ -352,8 +352,8 @@ class KeyGroupRunner:
             if self.timed:
                 if exhausted:
                     self.watermark.end()
-                else:
-                    self.watermark.idle(now)
+                elif due:
+                    await self._advance_idle(now)
                 await self._fire_due(now)
             if due or exhausted:  # a bounded source that ended: commit its tail now
                 await self.checkpoint()
@@ -479,6 +479,8 @@ class KeyGroupRunner:
                 done += 1
                 if event_time is not None:
                     watermark.observe(event_time, time.time())
+                if timed and not self._fire_passed(offset):
+                    break
                 continue
             kb = key_bytes[i]
             for state, value in ctx._pending.items():
@@ -489,13 +491,10 @@ class KeyGroupRunner:
                 ctx._timers.apply(timers, kb)
             offset += 1
             done += 1
-            if event_time is not None and watermark.observe(event_time, time.time()):
-                # timers the watermark passed fire before the next record
-                nt = timers.next_time(EVENT_TIME)
-                if nt is not None and watermark.value is not None and nt <= watermark.value:
-                    self.position = offset
-                    if not self._fire(EVENT_TIME, watermark.value):
-                        break
+            if event_time is not None:
+                watermark.observe(event_time, time.time())
+            if timed and not self._fire_passed(offset):
+                break
         if done == len(records):
             offset = max(offset, batch.next_position)
         self.position = offset
@@ -548,6 +547,38 @@ class KeyGroupRunner:
             or self.watermark.value != self.committed_watermark
             or self.timers.has_changes()
         )
+
+    def _fire_passed(self, offset: int) -> bool:
+        """Fire the event-time timers the watermark has passed, at position ``offset``:
+        right after the record that moved the watermark past them, or that registered
+        them behind it, whatever the batches (a replay fires them at the same position).
+        False: stop the batch (a timer's key is not loaded, or the key group failed)."""
+        until = self.watermark.value
+        if until is None:
+            return True
+        next_time = self.timers.next_time(EVENT_TIME)
+        if next_time is None or next_time > until:
+            return True
+        self.position = offset
+        return self._fire(EVENT_TIME, until) and self.failed is None
+
+    async def _advance_idle(self, now: float) -> None:
+        """An idle key group's watermark follows processing time (``idleTimeout``): unlike
+        the records' event times, a replay cannot recompute it, so the advance is made
+        durable at this position before anything depends on it: the records so far are
+        committed with the watermark they saw, then the advance alone.  A replay from any
+        commit meets the same watermark at the same position (timers fire there again,
+        the same records are late).  Tried when a checkpoint is due, so an idle key group
+        commits at most twice per ``checkpointInterval``."""
+        await self.checkpoint()
+        before = self.watermark.value
+        if not self.watermark.idle(now):
+            return
+        try:
+            await self.checkpoint()
+        except BaseException:
+            self.watermark.value = before  # not durable: nothing fires on it
+            raise
 
     async def _fire_due(self, now: float) -> float:
         """Fire the due timers (loading their keys' state); return the seconds waited."""
