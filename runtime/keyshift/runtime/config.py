@@ -192,7 +192,9 @@ class TimeSpec(Model):
     than that are late."""
     idle_timeout: Seconds = 10.0
     """After this long without records a key group's watermark follows processing time
-    (minus this timeout and ``outOfOrderness``)."""
+    (minus this timeout and ``outOfOrderness``), in steps of ``checkpointInterval`` or a
+    second, whichever is longer: each step is committed before anything depends on it,
+    so that a replay sees it at the same position."""
 
 
 _SECRET_PROPERTY = re.compile(r"password|secret|private", re.IGNORECASE)
