@@ -367,3 +367,55 @@ async def test_a_replay_fires_event_time_windows_at_the_same_positions() -> None
     not_replayed = [o for o in lost if o not in kept]
     assert not not_replayed, f"delivered, then never delivered again by the replay: {not_replayed}"
     assert_deduplicable(kept + lost)
+
+
+minute_windows: Job[Any] = window_job(
+    name="minute-windows",
+    key_by=lambda e: e.key,
+    value=lambda e: e.value,
+    windows=Tumbling(60_000),
+    aggregate=Reduce(operator.add, int),
+)
+
+
+async def test_a_corrupt_window_state_stops_the_key_group_when_its_timer_fires() -> None:
+    """A window job stops with its one-minute windows open (their timers pending); one
+    window state value of key group 0 is overwritten with garbage; the job restarts on
+    its input, which has ended (``errorPolicy: skip``): every window fires, and the
+    corrupt one stops key group 0 with a store error.  Nothing of it is committed: not
+    the timers that fired before, not the end-of-input watermark."""
+    k = 2
+    live = manifest(k, 10_000, 40, errorPolicy="skip")
+    store = MemoryStore()
+    await store.init_job("inproc", k)
+    await store.publish_assignment(
+        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
+    )
+    async with running(live, minute_windows, store, 0):
+
+        async def some_records() -> bool:
+            return min(await positions(store, k)) >= 10
+
+        await wait_for(some_records, 20, "some records in open windows", interval=0.02)
+    before = await store.key_group_info("inproc", 0)
+    assert before.timers > 1, "no open windows"
+    snapshot = store.snapshot("inproc", 0)
+    corrupt_key = sorted(snapshot.states["windows"])[0]
+    snapshot.states["windows"][corrupt_key] = b"\xc1"
+    store.restore("inproc", 0, snapshot)
+
+    ended = manifest(k, max(await positions(store, k)), errorPolicy="skip")
+    async with running(ended, minute_windows, store, 0) as worker:
+
+        async def key_group_0_failed() -> bool:
+            return 0 in worker.failed_key_groups
+
+        await wait_for(key_group_0_failed, 20, "key group 0 to stop", interval=0.02)
+        error = worker.health()["failed_key_groups"]["0"]
+        assert "corrupt state in the store: key group 0, state 'windows'" in error
+        assert f"key {msgspec.msgpack.decode(corrupt_key)!r}" in error
+        assert worker.metrics.records_skipped._value.get() == 0
+        after = await store.key_group_info("inproc", 0)
+        assert (after.position, after.seq, after.watermark, after.timers) == (
+            before.position, before.seq, before.watermark, before.timers
+        )  # fmt: skip

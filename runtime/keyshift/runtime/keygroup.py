@@ -355,6 +355,9 @@ class KeyGroupRunner:
                 elif due:
                     await self._advance_idle(now)
                 await self._fire_due(now)
+                if self.failed is not None:
+                    await self._checkpoint_failed()
+                    return
             if due or exhausted:  # a bounded source that ended: commit its tail now
                 await self.checkpoint()
             if exhausted:
