@@ -18,8 +18,9 @@ import msgspec
 
 from keyshift.controller.assignment import plan_assignment
 from keyshift.runtime.api import encode_key
-from keyshift.runtime.config import GeneratorSource
-from keyshift.runtime.kafka import fill_topic
+from keyshift.runtime.config import GeneratorSource, KafkaSink
+from keyshift.runtime.kafka import KafkaSinkWriter, fill_topic
+from keyshift.runtime.sinks import Outputs, TimerOrigin
 from keyshift.runtime.sources.generator import Event, Generator
 from keyshift.store import Assignment, RedisStateStore, open_store
 from keyshift.store.server import LocalServer, free_port
@@ -81,6 +82,13 @@ def header(message: Any, name: str) -> bytes:
             assert isinstance(value, bytes)
             return value
     raise AssertionError(f"no header {name!r} on {message.topic()}:{message.offset()}")
+
+
+def kafka_identity(message: Any) -> tuple[bytes, ...]:
+    """The origin headers of an output, as a consumer deduplicating would take them."""
+    names = ("keyshift-key-group", "keyshift-offset", "keyshift-index")
+    timer = [v for k, v in message.headers() or [] if k == "keyshift-timer"]
+    return (*[header(message, n) for n in names], *timer)
 
 
 def origins(messages: list[Any]) -> set[tuple[int, int]]:
@@ -379,3 +387,39 @@ async def test_a_worker_is_not_ready_until_kafka_is_reachable(
     finally:
         broker.stop()
         await store.close()
+
+
+async def test_a_timer_output_and_the_output_of_the_record_at_its_position_differ_in_identity(
+    kafka_broker: KafkaBroker, job: str
+) -> None:
+    """Key group 0's watermark passes a timer at position 7: the timer's output, then
+    record 7's output, are produced; the worker commits position 8 but crashes, and its
+    replay from position 7 (a new producer) produces record 7's output again (the timer
+    fired before the last commit: not again).  Three messages, two identities: the
+    replayed output's equals the original's, the timer output's is another (a consumer
+    deduplicating by identity keeps both real outputs; both had index 0 at offset 7)."""
+    topic = f"{job}-out"
+    kafka_broker.create_topic(topic, 1)
+    spec = KafkaSink.model_validate(
+        {"type": "kafka", "bootstrapServers": kafka_broker.bootstrap_servers, "topic": topic}
+    )
+    first = Outputs(KafkaSinkWriter(spec))
+    first.emit_all(0, 7, "k", [(None, {"window": 60_000})], TimerOrigin("event", 60_000, "k"))
+    first.emit_all(0, 7, "k", [(None, {"count": 3})])
+    await first.flush(0)
+    await first.close()
+    replay = Outputs(KafkaSinkWriter(spec))
+    replay.emit_all(0, 7, "k", [(None, {"count": 3})])
+    await replay.flush(0)
+    await replay.close()
+
+    messages = kafka_broker.read_all(topic, 1)
+    assert [msgspec.json.decode(m.value()) for m in messages] == [
+        {"window": 60_000},
+        {"count": 3},
+        {"count": 3},
+    ]
+    timer, record, replayed = (kafka_identity(m) for m in messages)
+    assert record == replayed
+    assert timer != record
+    assert header(messages[0], "keyshift-timer").startswith(b"event 60000 ")

@@ -17,13 +17,20 @@ import yaml
 
 from keyshift.controller.assignment import plan_assignment
 from keyshift.runtime.config import GeneratorSource, StreamJob
+from keyshift.runtime.faults import ENV
 from keyshift.runtime.kafka import fill_topic
 from keyshift.runtime.sources.generator import Generator
 from keyshift.store import Assignment, open_store
 from keyshift.store.server import LocalServer
-from tests.kafka.test_kafka_jobs import header
+from tests.kafka.test_kafka_jobs import header, kafka_identity
 from tests.kafka_broker import KafkaBroker
-from tests.runtime.test_window_jobs import EXAMPLES, OOO_MS, Example, K
+from tests.runtime.test_window_jobs import (
+    EXAMPLES,
+    OOO_MS,
+    Example,
+    K,
+    assert_deduplicable,
+)
 from tests.support import REPO, WorkerProcess, wait_for, write_manifest
 
 
@@ -49,7 +56,7 @@ def generator_source(example: Example) -> GeneratorSource:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=str)
-async def test_window_example_over_kafka_is_exact(
+async def test_window_example_over_kafka_is_exact_through_a_sigkill(
     example: Example,
     standalone_server: LocalServer,
     kafka_broker: KafkaBroker,
@@ -78,10 +85,15 @@ async def test_window_example_over_kafka_is_exact(
         await store.init_job(name, K)
         assignment = Assignment(1, 2, plan_assignment(K, 2))
         await store.publish_assignment(name, assignment, expected_generation=0)
-        for ordinal in range(2):
-            spawn(manifest, ordinal, url, http=False)
+        # worker 0 SIGKILLs itself right before its fifth commit, its outputs produced:
+        # they are produced again by the replay after its restart
+        w0 = spawn(manifest, 0, url, http=False, env={ENV: "commit.before@5"})
+        spawn(manifest, 1, url, http=False)
 
         async def every_window_closed() -> bool:
+            if w0.died_by_itself():
+                w0.env[ENV] = ""
+                w0.start()
             infos = [await store.key_group_info(name, kg) for kg in range(K)]
             return all(i.position == limit and i.timers == 0 for i in infos)
 
@@ -90,8 +102,13 @@ async def test_window_example_over_kafka_is_exact(
         await store.delete_job(name)
         await store.close()
 
+    assert w0.self_kills == 1
     outputs = kafka_broker.read_all(f"{name}-out", 2)
     late = kafka_broker.read_all(f"{name}-late", 2)
+    assert_deduplicable(
+        [(kafka_identity(m), int(header(m, "keyshift-key-group")), msgspec.json.decode(m.value()))
+         for m in outputs]
+    )  # fmt: skip
     total_late = 0
     for kg in range(K):
         expected = example.expected(source, kg, created_at)

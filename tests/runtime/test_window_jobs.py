@@ -126,14 +126,50 @@ def _manifest(example: Example, name: str, url: str, out: Path) -> dict[str, Any
 
 def _read(paths: list[Path]) -> list[tuple[int, int, Any]]:
     """``(key group, offset, value)`` of every line of the files that exist."""
+    return [(o["key_group"], o["offset"], o["value"]) for o in _lines(paths)]
+
+
+def _lines(paths: list[Path]) -> list[dict[str, Any]]:
     decoder = msgspec.json.Decoder()
-    out = []
-    for path in paths:
-        if path.exists():
-            for line in path.read_bytes().splitlines():
-                o = decoder.decode(line)
-                out.append((o["key_group"], o["offset"], o["value"]))
-    return out
+    return [
+        decoder.decode(line)
+        for path in paths
+        if path.exists()
+        for line in path.read_bytes().splitlines()
+    ]
+
+
+Identity = tuple[Any, ...]
+
+
+def log_identity(line: dict[str, Any]) -> Identity:
+    """The origin of a log sink line, as a consumer deduplicating would take it."""
+    timer = line.get("timer")
+    return (
+        line["key_group"],
+        line["offset"],
+        line["index"],
+        None if timer is None else msgspec.json.encode(timer),
+    )
+
+
+def assert_deduplicable(outputs: list[tuple[Identity, int, Any]]) -> None:
+    """``(identity, key group, value)`` of every output written, duplicates included: a
+    consumer that keeps one output per identity keeps every real output once.  Two
+    outputs with one identity are the same output (equal values); an output written twice
+    (a replay) was written with one identity both times.  The window results of one key
+    group all differ (a later firing holds more records), so equal values are one
+    output written again."""
+    by_identity: dict[Identity, Any] = {}
+    for identity, _, value in outputs:
+        first = by_identity.setdefault(identity, value)
+        assert first == value, f"two outputs share the identity {identity}: {first}, {value}"
+    identities: dict[tuple[int, bytes], set[Identity]] = {}
+    for identity, kg, value in outputs:
+        identities.setdefault((kg, msgspec.json.encode(value)), set()).add(identity)
+    repeated = {value: ids for value, ids in identities.items() if len(ids) > 1}
+    assert not repeated, f"one output written with several identities: {repeated}"
+    assert len(by_identity) < len(outputs), "no output written twice: no replay to check"
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=str)
@@ -146,7 +182,8 @@ async def test_example_is_exact_through_a_sigkill_and_a_handoff(
     """Worker 0 runs all key groups and SIGKILLs itself right before its fifth commit (its
     outputs flushed, its open windows' state not committed: replayed after the restart);
     then, with input still arriving and windows open, half the key groups move to worker
-    1.  Each key group's final window results and late records are exactly expected."""
+    1.  Each key group's final window results and late records are exactly expected, and
+    the outputs' identities tell the replayed duplicates from the real outputs."""
     url = standalone_server.url
     name = f"t-{time.time_ns() % 10**8:08d}"
     raw = [_manifest(example, name, url, tmp_path / f"out-{i}") for i in range(2)]
@@ -204,6 +241,8 @@ async def test_example_is_exact_through_a_sigkill_and_a_handoff(
         await store.delete_job(name)
         await store.close()
 
+    lines = _lines([tmp_path / f"out-{i}.jsonl" for i in range(2)])
+    assert_deduplicable([(log_identity(o), o["key_group"], o["value"]) for o in lines])
     outputs = _read([tmp_path / f"out-{i}.jsonl" for i in range(2)])
     late = _read([tmp_path / f"out-{i}-late.jsonl" for i in range(2)])
     total_late = total_results = 0

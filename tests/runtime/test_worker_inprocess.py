@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import operator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -14,11 +16,14 @@ from keyshift.controller.assignment import plan_assignment
 from keyshift.runtime.api import Job, encode_key
 from keyshift.runtime.config import StreamJob, settings_from
 from keyshift.runtime.expected import counter_state_encoded
+from keyshift.runtime.sinks import Origin
 from keyshift.runtime.sources.generator import Generator
 from keyshift.runtime.store import MemoryStore
+from keyshift.runtime.windows import Reduce, Tumbling, window_job
 from keyshift.runtime.worker import Worker
 from keyshift.store import Assignment
 from tests.runtime import jobs
+from tests.runtime.test_window_jobs import Identity, assert_deduplicable
 from tests.support import wait_for
 
 
@@ -215,8 +220,8 @@ class LosingSink:
         self.lost_once = False
         self.outputs: list[tuple[int, int, Any]] = []
 
-    def emit(self, key_group: int, offset: int, value: Any, key: Any = None) -> None:
-        self.outputs.append((key_group, offset, value))
+    def emit(self, origin: Origin, value: Any, key: Any = None) -> None:
+        self.outputs.append((origin.key_group, origin.offset, value))
 
     async def flush(self, key_group: int) -> None:
         if key_group == self.lose:
@@ -268,6 +273,158 @@ async def test_outputs_the_sink_lost_are_replayed_from_the_last_commit() -> None
     origins = [(kg, offset) for kg, offset, _ in sink.outputs]
     assert set(origins) == {(kg, o) for kg in range(k) for o in range(limit)}
     assert len(origins) > k * limit  # the replayed ones twice
+
+
+class ReplayingSink:
+    """Delivers outputs at each flush (a consumer sees them), but reports those of key
+    group 0 lost at its first ``times`` flushes that delivered timer outputs: the commit
+    after them does not happen and the key group replays from its last commit, as after a
+    crash between a flush and its commit.  Such a flush first waits until the source holds
+    the record at the position the timers fired at (``has_record``), so that the replay
+    finds it there."""
+
+    def __init__(self, times: int, limit: int, has_record: Callable[[int], bool]) -> None:
+        self.times = times
+        self.limit = limit
+        self.has_record = has_record
+        self.losses = 0
+        self._losing = False
+        self.buffered: list[tuple[Origin, Any]] = []
+        self.kept: list[tuple[Origin, Any]] = []
+        self.lost_outputs: list[tuple[Origin, Any]] = []
+
+    def emit(self, origin: Origin, value: Any, key: Any = None) -> None:
+        self.buffered.append((origin, value))
+
+    async def flush(self, key_group: int) -> None:
+        fired = [o.offset for o, _ in self.buffered if o.key_group == 0 and o.timer]
+        if key_group == 0 and fired and self.losses < self.times:
+            self._losing = True
+            self.lost_outputs += self.buffered
+            at = max(fired)
+            if at < self.limit:
+                await wait_for(lambda: self.has_record(at), 10, f"record {at} to arrive")
+        else:
+            self.kept += self.buffered
+        self.buffered = []
+
+    def lost(self, key_group: int) -> bool:
+        if key_group == 0 and self._losing:
+            self._losing = False
+            self.losses += 1
+            return True
+        return False
+
+    async def close(self) -> None:
+        return None
+
+
+tiny_windows: Job[Any] = window_job(
+    name="tiny-windows",
+    key_by=lambda e: e.key,
+    value=lambda e: e.value,
+    windows=Tumbling(100),
+    aggregate=Reduce(operator.add, int),
+    result=lambda key, window, total: {"key": key, "start": window.start, "total": total},
+)
+
+
+async def test_a_replay_fires_event_time_windows_at_the_same_positions() -> None:
+    """Live input, a record every 500 ms per key group, 100 ms windows, ``idleTimeout``
+    20 ms: idle key groups' watermarks follow the wall clock and fire each window before
+    the next record.  Three times, key group 0's window results are delivered but not
+    committed (the sink reports them lost) and it replays from its last commit, the next
+    record already there.  Every result delivered before a loss is delivered again by
+    the replay with the same identity (the window fires at the same position), and the
+    results deduplicate by identity."""
+    k, limit = 2, 8
+    m = manifest(k, limit, 4, checkpointInterval="300ms", time={"idleTimeout": "20ms"})
+    store = MemoryStore()
+    info = await store.init_job("inproc", k)
+    generator = Generator(m.spec.generator, k, info.created_at)
+    await store.publish_assignment(
+        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
+    )
+    sink = ReplayingSink(3, limit, lambda at: generator.available(0, time.time()) > at)
+    worker = Worker(
+        settings_from(m, ordinal=0, store_url="memory://"), tiny_windows, store, sink=sink
+    )
+    task = asyncio.create_task(worker.run())
+    try:
+
+        async def done() -> bool:
+            infos = [await store.key_group_info("inproc", kg) for kg in range(k)]
+            return all(i.position == limit and i.timers == 0 for i in infos)
+
+        await wait_for(done, 30, "every record and every window", interval=0.02)
+    finally:
+        worker.stop()
+        async with asyncio.timeout(30):
+            await task
+    assert sink.losses == 3
+    assert (await store.key_group_info("inproc", 0)).epoch == 4  # claimed again: replayed
+
+    def identified(outputs: list[tuple[Origin, Any]]) -> list[tuple[Identity, int, Any]]:
+        return [((o.key_group, o.offset, o.index, o.timer), o.key_group, v) for o, v in outputs]
+
+    kept = identified(sink.kept)
+    lost = identified(sink.lost_outputs)
+    assert lost
+    not_replayed = [o for o in lost if o not in kept]
+    assert not not_replayed, f"delivered, then never delivered again by the replay: {not_replayed}"
+    assert_deduplicable(kept + lost)
+
+
+minute_windows: Job[Any] = window_job(
+    name="minute-windows",
+    key_by=lambda e: e.key,
+    value=lambda e: e.value,
+    windows=Tumbling(60_000),
+    aggregate=Reduce(operator.add, int),
+)
+
+
+async def test_a_corrupt_window_state_stops_the_key_group_when_its_timer_fires() -> None:
+    """A window job stops with its one-minute windows open (their timers pending); one
+    window state value of key group 0 is overwritten with garbage; the job restarts on
+    its input, which has ended (``errorPolicy: skip``): every window fires, and the
+    corrupt one stops key group 0 with a store error.  Nothing of it is committed: not
+    the timers that fired before, not the end-of-input watermark."""
+    k = 2
+    live = manifest(k, 10_000, 40, errorPolicy="skip")
+    store = MemoryStore()
+    await store.init_job("inproc", k)
+    await store.publish_assignment(
+        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
+    )
+    async with running(live, minute_windows, store, 0):
+
+        async def some_records() -> bool:
+            return min(await positions(store, k)) >= 10
+
+        await wait_for(some_records, 20, "some records in open windows", interval=0.02)
+    before = await store.key_group_info("inproc", 0)
+    assert before.timers > 1, "no open windows"
+    snapshot = store.snapshot("inproc", 0)
+    corrupt_key = sorted(snapshot.states["windows"])[0]
+    snapshot.states["windows"][corrupt_key] = b"\xc1"
+    store.restore("inproc", 0, snapshot)
+
+    ended = manifest(k, max(await positions(store, k)), errorPolicy="skip")
+    async with running(ended, minute_windows, store, 0) as worker:
+
+        async def key_group_0_failed() -> bool:
+            return 0 in worker.failed_key_groups
+
+        await wait_for(key_group_0_failed, 20, "key group 0 to stop", interval=0.02)
+        error = worker.health()["failed_key_groups"]["0"]
+        assert "corrupt state in the store: key group 0, state 'windows'" in error
+        assert f"key {msgspec.msgpack.decode(corrupt_key)!r}" in error
+        assert worker.metrics.records_skipped._value.get() == 0
+        after = await store.key_group_info("inproc", 0)
+        assert (after.position, after.seq, after.watermark, after.timers) == (
+            before.position, before.seq, before.watermark, before.timers
+        )  # fmt: skip
 
 
 async def test_commits_lost_before_a_release_are_noticed_and_replayed_by_the_new_owner() -> None:

@@ -49,6 +49,27 @@ def decode_key(raw: bytes) -> Any:
     return msgspec.msgpack.decode(raw)
 
 
+class CorruptState(BaseException):
+    """A stored value of state ``state`` that its codec cannot decode: the store holds
+    bytes this job never wrote (edited, or written by another job or version).  A store
+    error, not the user's: a ``BaseException``, so that a user function's ``except
+    Exception`` cannot swallow it; the runtime stops the key group whatever
+    ``errorPolicy`` says."""
+
+    def __init__(self, state: str, raw: bytes, error: Exception) -> None:
+        self.state = state
+        self.raw = raw
+        self.error = error
+        super().__init__(f"state {state!r}: {type(error).__name__}: {error}")
+
+
+def _decode(state: str, decoder: msgspec.msgpack.Decoder[Any], raw: bytes) -> Any:
+    try:
+        return decoder.decode(raw)
+    except msgspec.DecodeError as exc:  # ValidationError too: a value of another type
+        raise CorruptState(state, raw, exc) from None
+
+
 class StateAccess(Protocol):
     """What a state handle needs from the runtime: reads and writes of the current key."""
 
@@ -132,7 +153,7 @@ class ValueHandle(Generic[V]):
         raw = self._access.read(self._spec.name)
         if raw is None:
             return self._spec.default  # type: ignore[return-value]
-        result: V = self._spec._decoder.decode(raw)
+        result: V = _decode(self._spec.name, self._spec._decoder, raw)
         return result
 
     def update(self, value: V) -> None:
@@ -153,7 +174,7 @@ class MapHandle(Generic[MK, V]):
         raw = self._access.read(self._spec.name)
         if raw is None:
             return {}
-        result: dict[MK, V] = self._spec._decoder.decode(raw)
+        result: dict[MK, V] = _decode(self._spec.name, self._spec._decoder, raw)
         return result
 
     def _store(self, mapping: dict[MK, V]) -> None:
@@ -203,7 +224,7 @@ class ListHandle(Generic[V]):
         raw = self._access.read(self._spec.name)
         if raw is None:
             return []
-        result: list[V] = self._spec._decoder.decode(raw)
+        result: list[V] = _decode(self._spec.name, self._spec._decoder, raw)
         return result
 
     def append(self, value: V) -> None:

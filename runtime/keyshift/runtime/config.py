@@ -192,7 +192,9 @@ class TimeSpec(Model):
     than that are late."""
     idle_timeout: Seconds = 10.0
     """After this long without records a key group's watermark follows processing time
-    (minus this timeout and ``outOfOrderness``)."""
+    (minus this timeout and ``outOfOrderness``), in steps of ``checkpointInterval`` or a
+    second, whichever is longer: each step is committed before anything depends on it,
+    so that a replay sees it at the same position."""
 
 
 _SECRET_PROPERTY = re.compile(r"password|secret|private", re.IGNORECASE)
@@ -251,7 +253,8 @@ class KafkaSource(KafkaClient):
 
 class KafkaSink(KafkaClient):
     """A Kafka topic; every output carries its origin in headers (``keyshift-key-group``,
-    ``keyshift-offset``, ``keyshift-index``), so a consumer can deduplicate."""
+    ``keyshift-offset``, ``keyshift-index``, and ``keyshift-timer`` on a timer's outputs),
+    so a consumer can deduplicate."""
 
     type: Literal["kafka"] = "kafka"
     """The sink type."""

@@ -14,7 +14,8 @@ decoded, or is larger than ``maxRecordBytes``, becomes a
 :class:`~keyshift.runtime.sources.Poison`.
 
 **Sink** (:class:`KafkaSinkWriter`): an idempotent producer (``acks=all``).
-Outputs are keyed by the record's key and carry their origin in headers.
+Outputs are keyed by the record's key and carry their origin (the identity a replay
+reproduces, :class:`~keyshift.runtime.sinks.Origin`) in headers.
 Before a key group commits, ``flush(kg)`` waits until the broker acknowledged
 every output that key group produced (other key groups keep producing).  A
 delivery that failed for good makes the key group replay from its last commit.
@@ -36,7 +37,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from confluent_kafka import (
@@ -53,6 +54,9 @@ from keyshift.runtime.config import KafkaClient, KafkaSink, KafkaSource
 from keyshift.runtime.sources import Poison, SourceBatch
 from keyshift.runtime.sources.generator import Generator
 
+if TYPE_CHECKING:
+    from keyshift.runtime.sinks import Origin
+
 log = logging.getLogger("keyshift.runtime.kafka")
 
 ENV_PREFIX = "KEYSHIFT_KAFKA_"
@@ -66,6 +70,22 @@ PROBE_SECONDS = 2.0
 PARTITIONS_CHECK_SECONDS = 30.0
 """How often the source checks whether the topic's partition count changed."""
 ORIGIN_HEADERS = ("keyshift-key-group", "keyshift-offset", "keyshift-index")
+TIMER_HEADER = "keyshift-timer"
+"""On a timer's outputs: ``<domain> <time> <hex of the msgpack of the timer's key>``."""
+
+
+def origin_headers(origin: Origin) -> list[tuple[str, str | bytes | None]]:
+    """The headers that identify an output (see :class:`~keyshift.runtime.sinks.Origin`)."""
+    headers: list[tuple[str, str | bytes | None]] = [
+        (ORIGIN_HEADERS[0], b"%d" % origin.key_group),
+        (ORIGIN_HEADERS[1], b"%d" % origin.offset),
+        (ORIGIN_HEADERS[2], b"%d" % origin.index),
+    ]
+    timer = origin.timer
+    if timer is not None:
+        key = msgspec.msgpack.encode(timer.key).hex()
+        headers.append((TIMER_HEADER, f"{timer.domain} {timer.time} {key}".encode()))
+    return headers
 
 
 def client_config(spec: KafkaClient, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -550,19 +570,16 @@ class KafkaSinkWriter(_ProducerWriter):
         self._encode: Callable[[Any], bytes] = (
             msgspec.json.encode if spec.format == "json" else msgspec.msgpack.encode
         )
-        self._last: dict[int, tuple[int, int]] = {}
         self.emitted = 0
 
-    def emit(self, key_group: int, offset: int, value: Any, key: Any = None) -> None:
-        last_offset, index = self._last.get(key_group, (-1, -1))
-        index = index + 1 if last_offset == offset else 0
-        self._last[key_group] = (offset, index)
-        headers: list[tuple[str, str | bytes | None]] = [
-            (ORIGIN_HEADERS[0], b"%d" % key_group),
-            (ORIGIN_HEADERS[1], b"%d" % offset),
-            (ORIGIN_HEADERS[2], b"%d" % index),
-        ]
-        self._producer.produce(key_group, self.topic, key_bytes(key), self._encode(value), headers)
+    def emit(self, origin: Origin, value: Any, key: Any = None) -> None:
+        self._producer.produce(
+            origin.key_group,
+            self.topic,
+            key_bytes(key),
+            self._encode(value),
+            origin_headers(origin),
+        )
         self.emitted += 1
 
 

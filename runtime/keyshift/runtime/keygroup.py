@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from keyshift.runtime.aio import wait_event
-from keyshift.runtime.api import Job, decode_key, encode_key
+from keyshift.runtime.api import CorruptState, Job, decode_key, encode_key
 from keyshift.runtime.cache import CacheMiss, StateCache
 from keyshift.runtime.faults import crash_point
 from keyshift.runtime.metrics import WorkerMetrics
-from keyshift.runtime.sinks import Outputs, SinkUnavailable
+from keyshift.runtime.sinks import Outputs, SinkUnavailable, TimerOrigin
 from keyshift.runtime.sources import Poison, Source, SourceBatch
 from keyshift.runtime.store import WorkerStore
 from keyshift.runtime.timers import (
@@ -229,6 +229,28 @@ class PoisonRecordError(Exception):
         )
 
 
+class CorruptStateError(Exception):
+    """A state value in the store that its codec cannot decode stopped the key group:
+    a store error, whatever ``errorPolicy`` says; nothing is committed past the key
+    group's last commit."""
+
+    def __init__(self, key_group: int, offset: int, key: Any, cause: CorruptState) -> None:
+        self.key_group = key_group
+        self.offset = offset
+        self.state = cause.state
+        self.key = key
+        self.cause = cause
+        error = cause.error
+        super().__init__(
+            f"corrupt state in the store: key group {key_group}, state {cause.state!r}, key "
+            f"{key!r}: {len(cause.raw)} bytes the state cannot decode "
+            f"({type(error).__name__}: {error}), read at offset {offset}"
+        )
+
+
+Failure = UserFunctionError | PoisonRecordError | CorruptStateError
+
+
 class KeyGroupRunner:
     def __init__(self, deps: RuntimeDeps, claim: Claim) -> None:
         self.deps = deps
@@ -238,7 +260,7 @@ class KeyGroupRunner:
         self.seq = claim.seq
         self.position = claim.position
         self.committed_position = claim.position
-        self.failed: UserFunctionError | PoisonRecordError | None = None
+        self.failed: Failure | None = None
         self.release_generation: int | None = None
         self.stopping = False
         self._wake = asyncio.Event()
@@ -369,9 +391,12 @@ class KeyGroupRunner:
             if self.timed:
                 if exhausted:
                     self.watermark.end()
-                else:
-                    self.watermark.idle(now)
+                elif due:
+                    await self._advance_idle(now)
                 await self._fire_due(now)
+                if self.failed is not None:
+                    await self._checkpoint_failed()
+                    return
             if due or exhausted:  # a bounded source that ended: commit its tail now
                 await self.checkpoint()
             await self._check_fence()
@@ -397,7 +422,7 @@ class KeyGroupRunner:
         if self.timed:
             waited_timers = await self._fire_due(now)
             if self.failed is not None:
-                await self.checkpoint()
+                await self._checkpoint_failed()
                 return
         else:
             waited_timers = 0.0
@@ -415,7 +440,9 @@ class KeyGroupRunner:
             busy = time.perf_counter() - started - waited - waited_timers
             deps.metrics.busy_seconds.inc(max(0.0, busy))
         deps.metrics.records_processed.inc(done)
-        if self.failed is not None or due or deps.cache.needs_checkpoint:
+        if self.failed is not None:
+            await self._checkpoint_failed()
+        elif due or deps.cache.needs_checkpoint:
             await self.checkpoint()
         await asyncio.sleep(0)  # let the other key groups and the watcher run
 
@@ -477,6 +504,9 @@ class KeyGroupRunner:
                 process(record, ctx)
             except _NotLoaded:
                 break  # the next step reloads it
+            except CorruptState as exc:
+                self._corrupt(offset, ctx._key, exc)
+                break
             except Exception as exc:
                 if deps.error_policy == "fail":
                     self.failed = UserFunctionError(kg, offset, exc)
@@ -491,6 +521,8 @@ class KeyGroupRunner:
                 done += 1
                 if event_time is not None:
                     watermark.observe(event_time, time.time())
+                if timed and not self._fire_passed(offset):
+                    break
                 continue
             kb = key_bytes[i]
             for state, value in ctx._pending.items():
@@ -501,13 +533,10 @@ class KeyGroupRunner:
                 ctx._timers.apply(timers, kb)
             offset += 1
             done += 1
-            if event_time is not None and watermark.observe(event_time, time.time()):
-                # timers the watermark passed fire before the next record
-                nt = timers.next_time(EVENT_TIME)
-                if nt is not None and watermark.value is not None and nt <= watermark.value:
-                    self.position = offset
-                    if not self._fire(EVENT_TIME, watermark.value):
-                        break
+            if event_time is not None:
+                watermark.observe(event_time, time.time())
+            if timed and not self._fire_passed(offset):
+                break
         if done == len(records):
             offset = max(offset, batch.next_position)
         self.position = offset
@@ -533,6 +562,24 @@ class KeyGroupRunner:
         )  # fmt: skip
         return True
 
+    def _corrupt(self, offset: int, key: Any, exc: CorruptState) -> None:
+        """A state value of ``key`` cannot be decoded: stop the key group at its last
+        commit (its uncommitted work is dropped, never committed over the bad value)."""
+        deps = self.deps
+        self.failed = CorruptStateError(self.key_group, offset, key, exc)
+        deps.cache.drop(self.key_group)
+        log.error(
+            "%s; key group %d stopped at its last commit (position %d), whatever the "
+            "errorPolicy: repair or delete the value, then move or restart the key group",
+            self.failed, self.key_group, self.committed_position,
+        )  # fmt: skip
+
+    async def _checkpoint_failed(self) -> None:
+        """A record or timer failed: commit what came before it, unless the store's own
+        state is corrupt (then nothing more is committed)."""
+        if not isinstance(self.failed, CorruptStateError):
+            await self.checkpoint()
+
     def _uncommitted(self) -> bool:
         return (
             self.position != self.committed_position
@@ -540,6 +587,38 @@ class KeyGroupRunner:
             or self.watermark.value != self.committed_watermark
             or self.timers.has_changes()
         )
+
+    def _fire_passed(self, offset: int) -> bool:
+        """Fire the event-time timers the watermark has passed, at position ``offset``:
+        right after the record that moved the watermark past them, or that registered
+        them behind it, whatever the batches (a replay fires them at the same position).
+        False: stop the batch (a timer's key is not loaded, or the key group failed)."""
+        until = self.watermark.value
+        if until is None:
+            return True
+        next_time = self.timers.next_time(EVENT_TIME)
+        if next_time is None or next_time > until:
+            return True
+        self.position = offset
+        return self._fire(EVENT_TIME, until) and self.failed is None
+
+    async def _advance_idle(self, now: float) -> None:
+        """An idle key group's watermark follows processing time (``idleTimeout``): unlike
+        the records' event times, a replay cannot recompute it, so the advance is made
+        durable at this position before anything depends on it: the records so far are
+        committed with the watermark they saw, then the advance alone.  A replay from any
+        commit meets the same watermark at the same position (timers fire there again,
+        the same records are late).  Tried when a checkpoint is due, so an idle key group
+        commits at most twice per ``checkpointInterval``."""
+        await self.checkpoint()
+        before = self.watermark.value
+        if not self.watermark.idle(now):
+            return
+        try:
+            await self.checkpoint()
+        except BaseException:
+            self.watermark.value = before  # not durable: nothing fires on it
+            raise
 
     async def _fire_due(self, now: float) -> float:
         """Fire the due timers (loading their keys' state); return the seconds waited."""
@@ -583,6 +662,9 @@ class KeyGroupRunner:
                     on_timer(FiredTimer(domain, time_ms, key, payload, member), ctx)
                 except _NotLoaded:
                     return False
+                except CorruptState as exc:
+                    self._corrupt(self.position, key, exc)
+                    return False
                 except Exception as exc:
                     if deps.error_policy == "fail":
                         self.failed = UserFunctionError(kg, self.position, exc)
@@ -598,7 +680,8 @@ class KeyGroupRunner:
                 for state, value in ctx._pending.items():
                     cache.put(kg, state, kb, value)
                 if ctx._outputs:
-                    outputs.emit_all(kg, self.position, key, ctx._outputs)
+                    origin = TimerOrigin(queue, time_ms, key)
+                    outputs.emit_all(kg, self.position, key, ctx._outputs, origin)
                 if ctx._timers.ops:
                     ctx._timers.apply(timers, kb)
                 self.timers_fired += 1

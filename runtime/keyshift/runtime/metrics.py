@@ -83,7 +83,8 @@ class WorkerMetrics:
         self.key_groups_failed = Gauge(
             "keyshift_key_groups_failed",
             "Key groups stopped by an error: a user function's (errorPolicy fail), a poison "
-            "record's (onPoison fail) or the store's (corrupt or refused; retried with back-off)",
+            "record's (onPoison fail), a state value the store holds corrupt, or the store's "
+            "(corrupt metadata or a refused command; retried with back-off)",
             labels,
             registry=r,
         ).labels(**self.labels)

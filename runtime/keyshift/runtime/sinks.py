@@ -1,9 +1,10 @@
-"""Sinks: where outputs go.  Every output carries its origin ``(key_group, offset)``.
+"""Sinks: where outputs go.  Every output carries its :class:`Origin`, an identity
+that a replay reproduces.
 
 Outputs are buffered and written by :meth:`Sink.flush`, which the runtime
 calls before it commits the state of the records that produced them: an
-output is never lost, and after a crash it may be written again (a consumer
-deduplicates by origin).  :class:`Outputs` routes a worker's outputs: to the
+output is never lost, and after a crash it may be written again, with the same
+origin (a consumer deduplicates by origin).  :class:`Outputs` routes a worker's outputs: to the
 sink, to named side outputs (``ctx.emit(value, output=name)``), and poison
 records to the dead-letter topic.
 """
@@ -29,15 +30,45 @@ class OutputsLost(Exception):
     """The sink gave up on outputs of a key group: it must replay from its last commit."""
 
 
-class Output(msgspec.Struct, frozen=True, gc=False):
+class TimerOrigin(msgspec.Struct, frozen=True, gc=False):
+    """The timer whose ``on_timer`` emitted an output: ``domain`` (``event`` or
+    ``processing``), ``time`` (ms) and the timer's key (a key group holds at most one
+    timer per domain, key and time)."""
+
+    domain: str
+    time: int
+    key: Any
+
+
+class Origin(msgspec.Struct, frozen=True, gc=False):
+    """The identity of one output, equal for the same output written again by a replay.
+
+    A record's output: ``(key_group, offset, index)``, ``offset`` the record's offset and
+    ``index`` the output's number among those of the record (side outputs included).  A
+    timer's output: also ``timer``, and ``offset`` is the key group's position when the
+    timer fired (the offset of the next record): ``(key_group, offset, timer, index)``.
+    """
+
     key_group: int
     offset: int
+    index: int = 0
+    timer: TimerOrigin | None = None
+
+
+class Output(msgspec.Struct, frozen=True, gc=False, omit_defaults=True):
+    """A log sink line: the origin's fields, then the value (``timer`` only on timer
+    outputs)."""
+
+    key_group: int
+    offset: int
+    index: int
     value: Any
+    timer: TimerOrigin | None = None
 
 
 class Sink(Protocol):
-    def emit(self, key_group: int, offset: int, value: Any, key: Any = None) -> None:
-        """Buffer one output of record ``(key_group, offset)`` whose key is ``key``."""
+    def emit(self, origin: Origin, value: Any, key: Any = None) -> None:
+        """Buffer one output identified by ``origin``, whose key is ``key``."""
         ...
 
     async def flush(self, key_group: int) -> None:
@@ -58,7 +89,7 @@ class NullSinkWriter:
     def __init__(self) -> None:
         self.emitted = 0
 
-    def emit(self, key_group: int, offset: int, value: Any, key: Any = None) -> None:
+    def emit(self, origin: Origin, value: Any, key: Any = None) -> None:
         self.emitted += 1
 
     async def flush(self, key_group: int) -> None:
@@ -72,7 +103,9 @@ class NullSinkWriter:
 
 
 class LogSinkWriter:
-    """JSON lines ``{"key_group": .., "offset": .., "value": ..}`` to a file or stdout."""
+    """JSON lines ``{"key_group": .., "offset": .., "index": .., "value": ..}`` (and
+    ``"timer": {"domain": .., "time": .., "key": ..}`` on a timer's outputs) to a file or
+    stdout."""
 
     def __init__(self, path: str | None, *, fsync: bool = False) -> None:
         self._encoder = msgspec.json.Encoder()
@@ -82,8 +115,9 @@ class LogSinkWriter:
         self._owned = path is not None
         self.emitted = 0
 
-    def emit(self, key_group: int, offset: int, value: Any, key: Any = None) -> None:
-        self._buffer += self._encoder.encode(Output(key_group, offset, value))
+    def emit(self, origin: Origin, value: Any, key: Any = None) -> None:
+        line = Output(origin.key_group, origin.offset, origin.index, value, origin.timer)
+        self._buffer += self._encoder.encode(line)
         self._buffer += b"\n"
         self.emitted += 1
 
@@ -143,18 +177,24 @@ class Outputs:
         self._count_side = count_side
 
     def emit_all(
-        self, key_group: int, offset: int, key: Any, outputs: Sequence[tuple[str | None, Any]]
+        self,
+        key_group: int,
+        offset: int,
+        key: Any,
+        outputs: Sequence[tuple[str | None, Any]],
+        timer: TimerOrigin | None = None,
     ) -> None:
-        """The outputs of one record (or timer): ``(side output name or None, value)``."""
-        for name, value in outputs:
+        """The outputs of one record (or of the timer ``timer``): ``(side output name or
+        None, value)``, numbered in order (the ``index`` of their :class:`Origin`)."""
+        for index, (name, value) in enumerate(outputs):
             if name is None:
-                self.sink.emit(key_group, offset, value, key)
+                self.sink.emit(Origin(key_group, offset, index, timer), value, key)
                 continue
             if self._count_side is not None:
                 self._count_side(name, 1)
             side = self.side.get(name)
             if side is not None:
-                side.emit(key_group, offset, value, key)
+                side.emit(Origin(key_group, offset, index, timer), value, key)
 
     def dead_letter(self, poison: Poison) -> None:
         if self.dead_letters is None:

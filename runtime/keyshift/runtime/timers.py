@@ -4,7 +4,8 @@ Times are integer milliseconds (unix epoch).  A key group's :class:`Watermark` i
 the largest event time seen minus ``outOfOrderness``; after ``idleTimeout`` of
 processing time without records it follows processing time (``now - idleTimeout -
 outOfOrderness``); at the end of a bounded input it jumps to :data:`END_OF_TIME`.
-It never goes back.
+It never goes back.  The runner commits an idle advance before anything depends on it
+(the wall clock is not replayed; records and the end of the input are).
 
 A :class:`TimerTable` holds the timers of one key group, in two queues
 (:data:`EVENT_TIME`, :data:`PROCESSING_TIME`).  A timer is identified by

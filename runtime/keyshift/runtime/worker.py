@@ -40,6 +40,7 @@ from keyshift.runtime.failures import FailedKeyGroups
 from keyshift.runtime.faults import crash_point
 from keyshift.runtime.handoff import may_claim, stale_claims
 from keyshift.runtime.keygroup import (
+    CorruptStateError,
     KeyGroupRunner,
     Outcome,
     PoisonRecordError,
@@ -126,7 +127,12 @@ class Worker:
             failed = runner.failed
             if failed is None:
                 continue
-            reason = "poison-record" if isinstance(failed, PoisonRecordError) else "user-function"
+            if isinstance(failed, CorruptStateError):
+                reason = "store"
+            elif isinstance(failed, PoisonRecordError):
+                reason = "poison-record"
+            else:
+                reason = "user-function"
             since = self._failed_since.setdefault((kg, id(failed)), now)
             marks[kg] = FailureMark(reason, since, failed.offset)
         for kg, failure in self.store_failures.items():
