@@ -1,5 +1,5 @@
 """The autoscaler's decision: a pure function of a metrics window, the job's
-scaling history and its spec (DESIGN.md, "The autoscaler").
+scaling history and its spec (docs/design.md, "The autoscaler").
 
 ``decide`` reads no clock and does no I/O: the caller passes the time, the
 current parallelism, whether a rescale or a failover is running, and the

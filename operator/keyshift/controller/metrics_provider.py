@@ -1,7 +1,7 @@
 """Load metrics for the autoscaler and the live view: the provider interface and
 the direct-scrape implementation used in local mode.
 
-A ``MetricsProvider`` turns the workers' metrics (names in DESIGN.md,
+A ``MetricsProvider`` turns the workers' metrics (names in docs/design.md,
 "Metrics") into one ``LoadSample`` per call: rates over a window, lag, and
 what is missing.  Missing or partial data is never read as zero load: a value
 that cannot be measured is ``None``, and ``complete`` is False with the reason

@@ -1,4 +1,4 @@
-"""The operator's own Prometheus metrics (names from DESIGN.md, "Metrics")."""
+"""The operator's own Prometheus metrics (names in docs/design.md, "Metrics")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Load metrics from Prometheus: the ``MetricsProvider`` the operator uses.
 
 ``PrometheusMetricsProvider`` runs PromQL over the workers' metrics (names in
-DESIGN.md, "Metrics") through ``prometheus_api_client.PrometheusConnect`` and
+docs/design.md, "Metrics") through ``prometheus_api_client.PrometheusConnect`` and
 turns the answers into the same ``LoadSample`` as ``DirectScrapeProvider``.
 The PromQL and the arithmetic live in pure functions, tested without a server:
 

@@ -1,6 +1,6 @@
 """The rescale protocol as data: a rescale's record and its next step.
 
-A rescale moves a job from assignment generation ``g`` to ``g+1`` (DESIGN.md,
+A rescale moves a job from assignment generation ``g`` to ``g+1`` (docs/design.md,
 "The rescale protocol"):
 
 - scale-up ``n -> m``: start workers ``n..m-1`` and wait until they are

@@ -1,4 +1,4 @@
-"""The worker's Prometheus metrics (names and labels as in DESIGN.md).
+"""The worker's Prometheus metrics (names and labels as in docs/design.md, "Metrics").
 
 Each worker has its own registry, so several workers can live in one process
 (tests, benchmarks).  Labels: ``job``, ``worker``; per key group metrics add
