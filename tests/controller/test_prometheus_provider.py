@@ -25,6 +25,7 @@ from keyshift.controller.prometheus_provider import (
     CACHE_HIT_RATIO,
     FAILED,
     FAILED_AT_OFFSET,
+    FINISHED_KEY_GROUPS,
     FIRST_SEEN,
     KEY_GROUP_ARRIVAL,
     KEY_GROUP_LAG,
@@ -150,6 +151,7 @@ def full() -> dict[str, Answer]:
         ASSIGNMENT_GENERATION: per_worker(3, 3),
         WORKER_LAG: per_worker(12, 12),
         FAILED: [],  # no key group stopped
+        FINISHED_KEY_GROUPS: per_worker(0, 0),
         FAILED_AT_OFFSET: [],
     }
 
@@ -172,6 +174,14 @@ def test_failed_key_groups_are_read_per_worker() -> None:
     by_worker = {w.name: w.failed_key_groups for w in got.per_worker}
     assert by_worker[W1] == (FailedKeyGroup(5, W1, "user-function", 1_700_000_000.0, 77),)
     assert by_worker[W0] == (FailedKeyGroup(2, W0, "store", 1_700_000_100.0, None),)
+
+
+def test_finished_key_groups_are_read_per_worker() -> None:
+    answers = full()
+    answers[FINISHED_KEY_GROUPS] = per_worker(4, 3)
+    got = sample(answers)
+    assert got.complete, got.missing
+    assert {w.name: w.key_groups_finished for w in got.per_worker} == {W0: 4, W1: 3}
 
 
 def test_complete_sample() -> None:
