@@ -21,7 +21,12 @@ from keyshift.controller.metrics_provider import FailedKeyGroup
 from keyshift.controller.pool import WorkerInfo
 from keyshift.controller.reconcile import Desired
 from keyshift.controller.records import ControllerRecord
-from keyshift.controller.status import FAILED_HINT, failed_summary, rescale_summary
+from keyshift.controller.status import (
+    FAILED_HINT,
+    failed_by_reason,
+    failed_summary,
+    rescale_summary,
+)
 from keyshift.store.protocol import Assignment
 
 Obj = dict[str, Any]
@@ -72,19 +77,10 @@ def invalid_status(message: str, previous: Sequence[Obj], observed: int | None, 
 
 def failed_message(failed: Sequence[FailedKeyGroup]) -> str:
     """The stopped key groups in one sentence per reason, with what to do."""
-    by_reason: dict[str, list[FailedKeyGroup]] = {}
-    for f in failed:
-        by_reason.setdefault(f.reason, []).append(f)
-    parts = []
-    for reason, found in sorted(by_reason.items()):
-        where = ", ".join(
-            f"{f.key_group}"
-            + (f" at offset {f.offset}" if f.offset is not None else "")
-            + f" on {f.worker}"
-            for f in found
-        )
-        parts.append(f"key groups stopped ({reason}): {where}; {FAILED_HINT.get(reason, '')}")
-    return "; ".join(parts)
+    return "; ".join(
+        f"key groups stopped ({reason}): {where}; {FAILED_HINT.get(reason, '')}"
+        for reason, where, _, _ in failed_by_reason([failed_summary(f) for f in failed])
+    )
 
 
 def job_status(

@@ -47,6 +47,29 @@ def failed_summary(f: FailedKeyGroup) -> dict[str, Any]:
     }
 
 
+def failed_by_reason(failed: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, float, int]]:
+    """Stopped key groups (entries as :func:`failed_summary` writes them) grouped by reason:
+    ``(reason, where in words, since when, how many)``, where reads
+    ``"3 at offset 8 on job-worker-1, 5 on job-worker-0"``."""
+    by_reason: dict[str, list[Mapping[str, Any]]] = {}
+    for f in failed:
+        by_reason.setdefault(f["reason"], []).append(f)
+    return [
+        (
+            reason,
+            ", ".join(
+                f"{f['key_group']}"
+                + (f" at offset {f['offset']}" if f["offset"] is not None else "")
+                + f" on {f['worker']}"
+                for f in found
+            ),
+            min(f["since"] for f in found),
+            len(found),
+        )
+        for reason, found in sorted(by_reason.items())
+    ]
+
+
 FAILED_HINT = {
     "user-function": "the job's code raised (errorPolicy fail): fix it and restart the "
     "workers (locally: Ctrl-C and `keyshift run` again; on Kubernetes: a new image in the "

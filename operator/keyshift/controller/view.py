@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from keyshift.controller.status import FAILED_HINT
+from keyshift.controller.status import FAILED_HINT, failed_by_reason
 
 
 def _num(value: float | None, unit: str = "", digits: int = 0) -> str:
@@ -110,24 +110,12 @@ def render(doc: dict[str, Any], events: Sequence[str] = ()) -> Group:
 
 def failed_lines(doc: dict[str, Any]) -> list[str]:
     """One line per reason the job's stopped key groups have, saying what to do."""
-    by_reason: dict[str, list[dict[str, Any]]] = {}
-    for f in doc.get("failed_key_groups", []):
-        by_reason.setdefault(f["reason"], []).append(f)
-    lines = []
-    for reason, found in sorted(by_reason.items()):
-        groups = ", ".join(
-            f"{f['key_group']}"
-            + (f" at offset {f['offset']}" if f["offset"] is not None else "")
-            + f" on worker {f['worker']}"
-            for f in found
-        )
-        since = _when(min(f["since"] for f in found))
-        hint = FAILED_HINT.get(reason, "see the worker's log")
-        lines.append(
-            f"FAILED key group{'s' if len(found) > 1 else ''} {groups} ({reason}, since "
-            f"{since}): {hint}; the error is in the worker's log and /healthz"
-        )
-    return lines
+    unknown = "see the worker's log"
+    return [
+        f"FAILED key group{'s' if count > 1 else ''} {where} ({reason}, since {_when(since)}): "
+        f"{FAILED_HINT.get(reason, unknown)}; the error is in the worker's log and /healthz"
+        for reason, where, since, count in failed_by_reason(doc.get("failed_key_groups", []))
+    ]
 
 
 def log_line(doc: dict[str, Any]) -> str:
