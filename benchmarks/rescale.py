@@ -93,7 +93,7 @@ def say(message: str) -> None:
 # -- the job -----------------------------------------------------------------------
 
 
-def write_manifest(path: Path, args: argparse.Namespace, keys: int, sink: Path) -> None:
+def write_manifest(path: Path, args: argparse.Namespace, keys: int, sink: str) -> None:
     manifest = {
         "apiVersion": "keyshift.dev/v1alpha1",
         "kind": "StreamJob",
@@ -109,7 +109,7 @@ def write_manifest(path: Path, args: argparse.Namespace, keys: int, sink: Path) 
                 "distribution": "uniform",
                 "rate": {"shape": "constant", "recordsPerSecond": args.rate},
             },
-            "sink": {"type": "log", "path": str(sink)},
+            "sink": {"type": "log", "path": sink},
             "checkpointInterval": f"{args.checkpoint_ms}ms",
             "failoverAfter": f"{args.failover_after}s",
         },
@@ -513,8 +513,7 @@ async def run_size(
         await store.init_job(JOB, args.key_groups, created_at=time.time())
         await store.close()
         manifest = workdir / "rescale-bench.yaml"
-        sink = workdir / "out.jsonl"
-        write_manifest(manifest, args, keys, sink)
+        write_manifest(manifest, args, keys, "out.jsonl")
         sampler = asyncio.create_task(
             sample_store(server.url, args.key_groups, samples, stop_sampling)
         )
@@ -545,7 +544,7 @@ async def run_size(
         if sampler is not None:
             await sampler
         await asyncio.to_thread(server.stop)
-    outputs = read_outputs(workdir / "out.jsonl", args.key_groups)
+    outputs = read_outputs(workdir / ".keyshift" / JOB / "out.jsonl", args.key_groups)
     if raw is not None:
         raw.update(outputs=outputs, events=events, failovers=failovers)
     if args.keep:

@@ -23,7 +23,7 @@ import yaml
 
 from keyshift.controller.assignment import plan_assignment
 from keyshift.runtime.api import decode_key
-from keyshift.runtime.config import GeneratorSource, StreamJob, worker_name
+from keyshift.runtime.config import OUTPUT_DIR_ENV, GeneratorSource, StreamJob, worker_name
 from keyshift.runtime.expected import counter_state_encoded
 from keyshift.store import Assignment, RedisStateStore
 from keyshift.store.server import free_port
@@ -83,7 +83,8 @@ class WorkerProcess:
         self.ordinal = ordinal
         self.store_url = store_url
         self.log_path = log_dir / f"worker-{ordinal}.log"
-        self.env = {**os.environ, **(env or {})}
+        # log sinks' relative paths start in the test's directory, as in a run directory
+        self.env = {**os.environ, OUTPUT_DIR_ENV: str(log_dir), **(env or {})}
         self.http_port = free_port() if http else None
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0

@@ -14,8 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.badinput.cases import CASES, VALID, Case
+from tests.badinput.cases import CASES, VALID, Case, valid_doc
 from tests.support import REPO
 
 _SCRIPT = Path(sys.executable).with_name("keyshift")
@@ -108,3 +109,41 @@ def _running(status: Path) -> bool:
     except (OSError, ValueError):
         return False
     return bool(doc.get("workers")) and all(w.get("ready") for w in doc["workers"])
+
+
+def test_checking_a_manifest_runs_none_of_the_jobs_code(tmp_path: Path) -> None:
+    """The job's module is found, not imported, while the manifest is checked: here its
+    top-level code would leave a file, and the manifest asks for more worker processes
+    than a local run starts (the check after the module's)."""
+    marker = tmp_path / "imported"
+    (tmp_path / "sideeffect.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).touch()\njob = None\n"
+    )
+    doc = valid_doc()
+    doc["spec"].update(job="sideeffect:job", keyGroups=65536, parallelism=4096)
+    manifest = tmp_path / "many.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    done = run(keyshift("run", str(manifest), run_dir=tmp_path / "runs"))
+    assert done.stderr == (
+        f"keyshift: error: {manifest} is not a valid StreamJob: spec.parallelism is 4096: "
+        "keyshift run starts at most 64 worker processes on this machine (--max-workers "
+        "raises the limit)\n"
+    )
+    assert done.returncode == 2
+    assert not marker.exists()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_infinite_rate_is_refused(tmp_path: Path) -> None:
+    """``.inf`` is YAML's infinity; JSON (and so ``kubectl apply``) has none."""
+    doc = valid_doc()
+    doc["spec"]["source"]["rate"]["recordsPerSecond"] = float("inf")
+    manifest = tmp_path / "inf.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    assert ".inf" in manifest.read_text()
+    done = run(keyshift("run", str(manifest), run_dir=tmp_path / "runs"))
+    assert done.stderr == (
+        f"keyshift: error: {manifest} is not a valid StreamJob: "
+        "spec.source.rate.recordsPerSecond: Input should be a finite number\n"
+    )
+    assert done.returncode == 2

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from keyshift.runtime.config import load_manifest
+from keyshift.runtime.config import LogSink, load_manifest
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer, wait_until
 
@@ -112,6 +112,15 @@ def test_run_in_a_terminal_ctrl_c_and_resume(manifest: Path, tmp_path: Path) -> 
     assert "workers" in screen and "rescales" in screen  # the live view, not log lines
     first = asyncio.run(committed_positions(store_dir, job.name, key_groups))
     assert sum(first) > 0, "Ctrl-C must leave the processed positions committed"
+
+    # the example's outputs are in the job's run directory, not the working one
+    outputs = [s.path for s in (job.spec.sink, *job.spec.side_outputs.values())
+               if isinstance(s, LogSink) and s.path]  # fmt: skip
+    for output in outputs:
+        assert (tmp_path / ".keyshift" / job.name / output).exists()
+    if outputs:
+        assert f"outputs go to {Path('.keyshift') / job.name / outputs[0]}" in screen
+    assert [p.name for p in tmp_path.iterdir()] == [".keyshift"]
 
     run_once(manifest, tmp_path, job.name)
     second = asyncio.run(committed_positions(store_dir, job.name, key_groups))

@@ -100,10 +100,13 @@ async def test_metadata_of_the_wrong_type_fails_the_key_group_visibly_until_repa
         assert worker.failed_key_groups == [1]
         health = worker.health()
         assert health["status"] == "degraded"
-        assert "wrong type" in health["failed_key_groups"]["1"]
+        assert health["failed_key_groups"] == {
+            "1": {"reason": "store", "offset": None, "error": "StoreCorrupt"}
+        }
         assert worker.metrics.key_groups_failed._value.get() == 1
         failure = worker.store_failures.get(1)
         assert failure is not None and failure.attempts >= 2, "not retried"
+        assert "wrong type" in failure.error and "wrong type" in stopped_logs(caplog, 1)[0]
         assert len(stopped_logs(caplog, 1)) == 1, "logged more than once"
         assert "never retrieved" not in caplog.text
 
@@ -127,7 +130,8 @@ async def test_a_garbled_epoch_stops_the_key_group_with_the_field_named(
         epoch = (await store.key_group_info(job, 1)).epoch
         await store._client.hset(keys.meta(job, 1), "epoch", "garbage")
         await wait_for(lambda: worker.failed_key_groups == [1], 10, "key group 1 to fail")
-        assert "field epoch is not a whole number" in worker.health()["failed_key_groups"]["1"]
+        assert worker.health()["failed_key_groups"]["1"]["error"] == "StoreCorrupt"
+        assert "field epoch is not a whole number" in caplog.text
         stalled_at = (await store._client.hget(keys.meta(job, 1), "position")).decode()
         await wait_for(
             lambda: (failure := worker.store_failures.get(1)) is not None and failure.attempts >= 2,
@@ -143,7 +147,7 @@ async def test_a_garbled_epoch_stops_the_key_group_with_the_field_named(
 
 
 async def test_deleted_metadata_is_refused_not_replayed_onto_the_state(
-    store: RedisStateStore, job: str
+    store: RedisStateStore, job: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Before: the worker re-claimed key group 1 as new, at position 0, and counted
     every record of it twice on top of the state still there."""
@@ -156,7 +160,8 @@ async def test_deleted_metadata_is_refused_not_replayed_onto_the_state(
         await store._client.delete(keys.meta(job, 1))
         state_after_delete = {k: v async for k, v in store.scan_all(job, 1, "count")}
         await wait_for(lambda: worker.failed_key_groups == [1], 10, "key group 1 to fail")
-        assert "metadata is missing" in worker.health()["failed_key_groups"]["1"]
+        assert worker.health()["failed_key_groups"]["1"]["reason"] == "store"
+        assert "metadata is missing" in caplog.text
 
         async def others_done() -> bool:
             done = await positions(store, job, K)

@@ -135,6 +135,30 @@ def test_schema_is_structural() -> None:
             assert node.get("description"), f"{where} has no description"
 
 
+def test_every_number_of_the_spec_has_an_upper_bound() -> None:
+    """A number without a bound is one a user can set to 1e30 (or a duration of
+    99999999999h): every integer, number and duration of the spec has a finite maximum."""
+
+    def unbounded(node: dict[str, Any], where: str) -> list[str]:
+        found = []
+        numeric = node.get("type") in ("integer", "number") or node.get(
+            "x-kubernetes-int-or-string"
+        )
+        if numeric and "maximum" not in node:
+            found.append(where)
+        for name, sub in (node.get("properties") or {}).items():
+            found += unbounded(sub, f"{where}.{name}")
+        if isinstance(node.get("items"), dict):
+            found += unbounded(node["items"], f"{where}[]")
+        extra = node.get("additionalProperties")
+        if isinstance(extra, dict):
+            found += unbounded(extra, f"{where}.*")
+        return found
+
+    spec = schema_of(streamjob_crd())["properties"]["spec"]
+    assert unbounded(spec, "spec") == []
+
+
 def test_schema_keeps_defaults_enums_bounds_and_rules() -> None:
     root = schema_of(streamjob_crd())
     spec = root["properties"]["spec"]
@@ -150,6 +174,7 @@ def test_schema_keeps_defaults_enums_bounds_and_rules() -> None:
         "type": "integer",
         "nullable": True,
         "minimum": 1,
+        "maximum": 65536,
     }
     target = props["autoscaler"]["properties"]["targetUtilization"]
     assert (target["minimum"], target["exclusiveMinimum"], target["maximum"]) == (0, True, 1)
@@ -284,7 +309,7 @@ def test_valid_kubernetes_fields_are_accepted(cluster: KubernetesEmulator, tmp_p
             "queries": {"lag": "sum(keyshift_source_lag_records)"},
         },
         "stateStore": {"url": "redis://valkey:6379", "secretRef": "valkey"},
-        "sink": {"type": "log", "path": "/tmp/out.jsonl", "fsync": True},
+        "sink": {"type": "log", "path": "outputs/out.jsonl", "fsync": True},
     }
     code, output = apply(cluster, tmp_path, manifest("full", **spec))
     assert code == 0, output
@@ -391,11 +416,25 @@ def test_password_in_the_store_url_is_refused(url: str) -> None:
     ) in str(info.value)
 
 
-@pytest.mark.parametrize(
-    "url", ["redis://h:6379", "redis://user@h", "redis+cluster://a:1,b:2", "rediss://h/2"]
-)
-def test_store_urls_without_password_are_fine(url: str) -> None:
+@pytest.mark.parametrize("url", ["redis://h:6379", "redis+cluster://a:1,b:2", "rediss://h/2"])
+def test_store_urls_without_credentials_are_fine(url: str) -> None:
     assert job_with(stateStore={"url": url}).spec.state_store.url == url
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis://user@h", "stateStore.url must not contain a user name"),
+        ("redis://h:6379?password=pw", "stateStore.url takes no query parameters"),
+        ("redis://h:6379/0?db=1", "stateStore.url takes no query parameters"),
+    ],
+)
+def test_credentials_anywhere_in_the_store_url_are_refused(url: str, message: str) -> None:
+    """The workers would refuse a user name, and ignore a query's password while it stays
+    in the resource: the model refuses both, as the CLI and the operator check it."""
+    with pytest.raises(ValidationError, match=message) as info:
+        job_with(stateStore={"url": url})
+    assert "pw" not in str(info.value)
 
 
 def test_inline_store_password_is_refused_with_the_field_named() -> None:

@@ -206,7 +206,7 @@ def manifest(name: str, key_groups: int, limit: int, sink: Path) -> StreamJob:
                     "disorder": "30ms",
                     "rate": {"recordsPerSecond": 4000},
                 },
-                "sink": {"type": "log", "path": str(sink)},
+                "sink": {"type": "log", "path": sink.name},
                 "checkpointInterval": "50ms",
                 "batchSize": 50,
                 "time": {"outOfOrderness": "30ms"},
@@ -216,8 +216,11 @@ def manifest(name: str, key_groups: int, limit: int, sink: Path) -> StreamJob:
 
 
 @asynccontextmanager
-async def running(m: StreamJob, store: Any, ordinal: int, url: str) -> AsyncIterator[Worker]:
-    worker = Worker(settings_from(m, ordinal=ordinal, store_url=url), timer_job, store)
+async def running(
+    m: StreamJob, store: Any, ordinal: int, url: str, output_dir: Path | None = None
+) -> AsyncIterator[Worker]:
+    settings = settings_from(m, ordinal=ordinal, store_url=url, output_dir=output_dir)
+    worker = Worker(settings, timer_job, store)
     task = asyncio.create_task(worker.run())
     try:
         yield worker
@@ -263,7 +266,7 @@ async def test_timers_fire_exactly_once_across_a_handoff(
             name, Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
         )
         url = standalone_server.url
-        async with running(m, store, 0, url), running(m, store, 1, url):
+        async with running(m, store, 0, url, tmp_path), running(m, store, 1, url, tmp_path):
 
             async def positions() -> list[int]:
                 return [(await store.key_group_info(name, kg)).position for kg in range(k)]

@@ -111,15 +111,16 @@ EXAMPLES = [
 
 
 def _manifest(example: Example, name: str, url: str, out: Path) -> dict[str, Any]:
-    """The example's manifest, scaled to the test; outputs to ``out``-prefixed files."""
+    """The example's manifest, scaled to the test; outputs to ``out``-prefixed files (in
+    the workers' output directory: ``out``'s folder)."""
     raw: dict[str, Any] = yaml.safe_load((REPO / example.manifest).read_text())
     spec = raw["spec"]
     raw["metadata"]["name"] = name
     spec.update(keyGroups=K, parallelism=1, checkpointInterval="100ms", batchSize=50)
     spec["source"].update(example.source)
     spec["time"]["outOfOrderness"] = f"{OOO_MS}ms"
-    spec["sink"] = {"type": "log", "path": f"{out}.jsonl"}
-    spec["sideOutputs"] = {"late": {"type": "log", "path": f"{out}-late.jsonl"}}
+    spec["sink"] = {"type": "log", "path": f"{out.name}.jsonl"}
+    spec["sideOutputs"] = {"late": {"type": "log", "path": f"{out.name}-late.jsonl"}}
     spec["stateStore"] = {"url": url}
     return raw
 

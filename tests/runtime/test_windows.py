@@ -365,8 +365,8 @@ def _manifest(tmp_path: Path, job: str) -> StreamJob:
                     "disorder": "60ms",
                     "rate": {"recordsPerSecond": 4000},
                 },
-                "sink": {"type": "log", "path": str(tmp_path / "out.jsonl")},
-                "sideOutputs": {"late": {"type": "log", "path": str(tmp_path / "late.jsonl")}},
+                "sink": {"type": "log", "path": "out.jsonl"},
+                "sideOutputs": {"late": {"type": "log", "path": "late.jsonl"}},
                 "checkpointInterval": "50ms",
                 "batchSize": 40,
                 "time": {"outOfOrderness": f"{OOO_MS}ms"},
@@ -375,15 +375,17 @@ def _manifest(tmp_path: Path, job: str) -> StreamJob:
     )
 
 
-async def _run_to_end(m: StreamJob, job: Job[Any]) -> tuple[float, float | None]:
-    """Run one worker over the whole bounded input; return the job's ``created_at`` and
-    the worker's count of outputs to the side output ``late``."""
+async def _run_to_end(m: StreamJob, job: Job[Any], output_dir: Path) -> tuple[float, float | None]:
+    """Run one worker over the whole bounded input (its outputs in ``output_dir``); return
+    the job's ``created_at`` and the worker's count of outputs to the side output
+    ``late``."""
     store = MemoryStore()
     info = await store.init_job("win", K)
     await store.publish_assignment(
         "win", Assignment(1, 1, plan_assignment(K, 1)), expected_generation=0
     )
-    worker = Worker(settings_from(m, ordinal=0, store_url="memory://"), job, store)
+    settings = settings_from(m, ordinal=0, store_url="memory://", output_dir=output_dir)
+    worker = Worker(settings, job, store)
     task = asyncio.create_task(worker.run())
     try:
 
@@ -415,7 +417,7 @@ async def test_revenue_windows_in_a_worker_are_exact(tmp_path: Path) -> None:
         result=revenue_per_minute.result, allowed_lateness_ms=lateness_ms,
     )  # fmt: skip
     m = _manifest(tmp_path, "examples.revenue_per_minute:job")
-    created_at, late_counted = await _run_to_end(m, job)
+    created_at, late_counted = await _run_to_end(m, job, tmp_path)
     source = m.spec.generator
     assert isinstance(source, GeneratorSource)
     final: dict[tuple[int, str, int], dict[str, Any]] = {}
@@ -449,7 +451,7 @@ async def test_session_windows_in_a_worker_are_exact(tmp_path: Path) -> None:
         allowed_lateness_ms=lateness_ms,
     )  # fmt: skip
     m = _manifest(tmp_path, "examples.sessions:job")
-    created_at, late_counted = await _run_to_end(m, job)
+    created_at, late_counted = await _run_to_end(m, job, tmp_path)
     source = m.spec.generator
     assert isinstance(source, GeneratorSource)
     outputs = [(o["key_group"], o["value"]) for o in _lines(tmp_path / "out.jsonl")]

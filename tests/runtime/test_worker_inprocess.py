@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import operator
 import time
 from collections.abc import AsyncIterator, Callable
@@ -10,6 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
+import pytest
 
 from examples.counter import job as counter_job
 from keyshift.controller.assignment import plan_assignment
@@ -116,7 +118,11 @@ async def test_error_policy_fail_parks_the_key_group_and_reports_it() -> None:
         await wait_for(all_failed, 20, "every key group to hit its bad record", interval=0.02)
         health = worker.health()
         assert health["status"] == "degraded"
-        assert "offset" in health["failed_key_groups"]["0"]
+        assert health["failed_key_groups"] == {
+            str(kg): {"reason": "user-function", "offset": first_bad[kg], "error": "RuntimeError"}
+            for kg in range(k)
+        }
+        assert f"cannot handle {jobs.BAD_VALUE}" not in json.dumps(health)  # the record's words
         await wait_for(
             lambda: worker.metrics.key_groups_failed._value.get() == k, 5, "the failed gauge"
         )
@@ -384,7 +390,9 @@ minute_windows: Job[Any] = window_job(
 )
 
 
-async def test_a_corrupt_window_state_stops_the_key_group_when_its_timer_fires() -> None:
+async def test_a_corrupt_window_state_stops_the_key_group_when_its_timer_fires(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A window job stops with its one-minute windows open (their timers pending); one
     window state value of key group 0 is overwritten with garbage; the job restarts on
     its input, which has ended (``errorPolicy: skip``): every window fires, and the
@@ -417,9 +425,14 @@ async def test_a_corrupt_window_state_stops_the_key_group_when_its_timer_fires()
             return 0 in worker.failed_key_groups
 
         await wait_for(key_group_0_failed, 20, "key group 0 to stop", interval=0.02)
-        error = worker.health()["failed_key_groups"]["0"]
-        assert "corrupt state in the store: key group 0, state 'windows'" in error
-        assert f"key {msgspec.msgpack.decode(corrupt_key)!r}" in error
+        health = worker.health()
+        failed = health["failed_key_groups"]["0"]
+        assert (failed["reason"], failed["error"]) == ("store", "CorruptStateError")
+        # the key is in the log, never in /healthz, which the pod's network can read
+        key = f"key {msgspec.msgpack.decode(corrupt_key)!r}"
+        assert "corrupt state in the store: key group 0, state 'windows'" in caplog.text
+        assert key in caplog.text
+        assert str(msgspec.msgpack.decode(corrupt_key)) not in json.dumps(health)
         assert worker.metrics.records_skipped._value.get() == 0
         after = await store.key_group_info("inproc", 0)
         assert (after.position, after.seq, after.watermark, after.timers) == (

@@ -33,7 +33,7 @@ async def test_two_workers_compute_the_exact_counts(
     manifest = write_manifest(
         tmp_path,
         counter_manifest(job, key_groups=key_groups, parallelism=2, store_url=url, source=source,
-                         sink={"type": "log", "path": str(tmp_path / "out.jsonl")}),
+                         sink={"type": "log", "path": "out.jsonl"}),
     )  # fmt: skip
     store = open_store(url, retry_seconds=10)
     try:

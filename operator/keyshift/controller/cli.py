@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--failover-after", type=float, help="seconds (default: the manifest's)")
     run.add_argument("--restart-delay", type=float, default=5.0,
                      help="seconds before a crashed worker is restarted")  # fmt: skip
+    run.add_argument("--max-workers", type=int,
+                     help="worker processes to start at most (default 64)")  # fmt: skip
     run.set_defaults(handler=_run)
 
     scale = commands.add_parser("scale", help="rescale a running local job")
@@ -153,11 +155,11 @@ def _priority(text: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from keyshift.controller.local_run import run_local
+    from keyshift.controller.local_run import LOCAL_MAX_WORKERS, run_local
 
     return run_local(
         args.manifest, base_dir=args.dir, store_url=args.store_url, fresh=args.fresh,
-        keep_running=args.keep_running,
+        keep_running=args.keep_running, max_workers=args.max_workers or LOCAL_MAX_WORKERS,
         failover_after=args.failover_after, restart_delay=args.restart_delay,
     )  # fmt: skip
 
@@ -238,6 +240,10 @@ def _scale(args: argparse.Namespace) -> int:
         console.print(
             f"parallelism must be between 1 and the key group count ({key_groups or '?'})"
         )
+        return 2
+    max_workers = status.get("max_workers")
+    if max_workers and args.parallelism > max_workers:
+        console.print(f"this run starts at most {max_workers} workers (keyshift run --max-workers)")
         return 2
     previous = json.loads(run_dir.desired.read_text()) if run_dir.desired.exists() else {}
     run_dir.write_json(run_dir.desired, {

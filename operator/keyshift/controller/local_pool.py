@@ -31,7 +31,7 @@ import psutil
 
 from keyshift.controller.pool import WorkerInfo
 from keyshift.runtime.api import JOB_PATH_ENV
-from keyshift.runtime.config import worker_name
+from keyshift.runtime.config import OUTPUT_DIR_ENV, worker_name
 from keyshift.store.server import free_port
 
 
@@ -138,8 +138,14 @@ class LocalWorkerPool:
         """The job module is imported from the current directory, the manifest's
         folder or its parent (``examples.counter:job`` next to ``examples/x.yaml``):
         ``KEYSHIFT_JOB_PATH``, searched after the standard library and the installed
-        packages, so that a folder of the user's cannot hide one of them."""
-        return {**os.environ, JOB_PATH_ENV: os.pathsep.join(job_path(self.manifest)), **self.env}
+        packages, so that a folder of the user's cannot hide one of them. Log sinks write
+        into the job's run directory (``KEYSHIFT_OUTPUT_DIR``), not the current one."""
+        return {
+            **os.environ,
+            JOB_PATH_ENV: os.pathsep.join(job_path(self.manifest)),
+            OUTPUT_DIR_ENV: str(self.run_dir.resolve()),
+            **self.env,
+        }
 
     def _save_pids(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)

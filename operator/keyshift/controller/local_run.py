@@ -14,6 +14,7 @@ running job through files of its run directory, ``.keyshift/<job>/``:
 | ``controller.json`` | the controller | rescale in progress and history |
 | ``store/`` | the embedded Valkey | its AOF |
 | ``logs/`` | the workers | one log per worker |
+| a log sink's ``path`` | the workers | the job's outputs |
 
 A ``keyshift scale`` survives a restart while the manifest's parallelism is what it was
 when the scale was asked for; ``keyshift run --fresh`` starts the job from nothing.
@@ -33,7 +34,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import psutil
@@ -61,13 +62,23 @@ from keyshift.controller.reconcile import Desired
 from keyshift.controller.records import FileRecordStore
 from keyshift.controller.status import status_document
 from keyshift.controller.view import log_line, render
-from keyshift.runtime.config import StreamJob, validate_spec, validation_message
+from keyshift.runtime.config import (
+    DuplicateKeyError,
+    LogSink,
+    StreamJob,
+    parse_yaml,
+    validate_spec,
+    validation_message,
+)
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer
 
 log = logging.getLogger("keyshift.run")
 
 STATUS_INTERVAL = 1.0
+LOCAL_MAX_WORKERS: Final = 64
+"""Worker processes ``keyshift run`` starts at most (``--max-workers``): each is a Python
+process, and a manifest's parallelism for a cluster would swamp a laptop."""
 
 
 class JobAlreadyRunning(RuntimeError):
@@ -82,16 +93,21 @@ class InvalidManifest(ValueError):
         self.message = message
 
 
-def check_manifest(path: Path, base_dir: Path = Path(".keyshift")) -> StreamJob:
+def check_manifest(
+    path: Path, base_dir: Path = Path(".keyshift"), max_workers: int = LOCAL_MAX_WORKERS
+) -> StreamJob:
     """The manifest, checked before a local run starts anything; else :class:`InvalidManifest`.
 
     The spec is checked as the operator checks a StreamJob (its message is the one of the
     ``InvalidSpec`` condition), then what a local run alone can check up front: the entry
-    point imports (from where the workers import it), and ``keyGroups`` is the one of the
-    job's last run here (the CRD's immutability rule, with its message).
+    point's module exists (from where the workers import it; nothing of it runs), the
+    parallelism fits ``max_workers``, and ``keyGroups`` is the one of the job's last run
+    here (the CRD's immutability rule, with its message).
     """
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = parse_yaml(path.read_text())
+    except DuplicateKeyError as exc:
+        raise InvalidManifest(path, str(exc)) from None
     except yaml.YAMLError as exc:
         raise InvalidManifest(path, f"not YAML: {exc}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("spec") or {}, dict):
@@ -104,6 +120,16 @@ def check_manifest(path: Path, base_dir: Path = Path(".keyshift")) -> StreamJob:
     except ValidationError as exc:
         raise InvalidManifest(path, validation_message(exc, prefix="")) from None
     _check_entry_point(path, spec.job)
+    scaler = spec.autoscaler
+    for name, wanted in [
+        ("parallelism", spec.parallelism),
+        ("autoscaler.minParallelism", scaler.min_parallelism if scaler.enabled else 0),
+    ]:
+        if wanted > max_workers:
+            raise InvalidManifest(path, (
+                f"spec.{name} is {wanted}: keyshift run starts at most {max_workers} worker "
+                "processes on this machine (--max-workers raises the limit)"
+            ))  # fmt: skip
     try:
         last = json.loads(RunDir.of(manifest.name, base_dir).status.read_text())["key_groups"]
     except (OSError, ValueError, KeyError):
@@ -114,22 +140,16 @@ def check_manifest(path: Path, base_dir: Path = Path(".keyshift")) -> StreamJob:
 
 
 def _check_entry_point(manifest: Path, entry: str) -> None:
-    """Import the job as a worker would: from the current directory, the manifest's folder
-    or its parent (see ``LocalWorkerPool``)."""
+    """Find the job's module where the workers will import it from: the current directory,
+    the manifest's folder or its parent (see ``LocalWorkerPool``). Nothing of it runs here:
+    a missing attribute or an error of the module's own is the workers' to report."""
     from keyshift.controller.local_pool import job_path
-    from keyshift.runtime.api import JobLoadError, load_job
+    from keyshift.runtime.api import JobLoadError, find_job_module
 
-    saved = list(sys.path)
     try:
-        load_job(entry, job_path(manifest))
-    except (JobLoadError, ValueError) as exc:
+        find_job_module(entry, job_path(manifest))
+    except JobLoadError as exc:
         raise InvalidManifest(manifest, str(exc)) from None
-    except Exception as exc:  # the user's module may raise anything while it is imported
-        raise InvalidManifest(
-            manifest, f"job entrypoint {entry!r} cannot be loaded: {type(exc).__name__}: {exc}"
-        ) from None
-    finally:
-        sys.path[:] = saved
 
 
 def key_groups_changed(was: int, now: int) -> str:
@@ -224,13 +244,21 @@ class LocalRun:
         live: bool | None = None,
         failover_after: float | None = None,
         restart_delay: float = 5.0,
+        max_workers: int = LOCAL_MAX_WORKERS,
         console: Console | None = None,
     ) -> None:
         self.manifest_path = manifest_path.resolve()
-        self.manifest: StreamJob = check_manifest(manifest_path, base_dir)
+        self.manifest: StreamJob = check_manifest(manifest_path, base_dir, max_workers)
+        self.max_workers = max_workers
         self.job = self.manifest.name
         self.spec = self.manifest.spec
         self.dir = RunDir.of(self.job, base_dir)
+        self.outputs = [
+            str(self.dir.root / s.path)
+            for s in (self.spec.sink, *self.spec.side_outputs.values())
+            if isinstance(s, LogSink) and s.path
+        ]
+        """The log sinks' files (in the run directory), shown in the view."""
         self.external_store_url = store_url
         self.fresh = fresh
         self.keep_running = keep_running
@@ -285,6 +313,8 @@ class LocalRun:
             self.event("Normal", f"the manifest's stateStore.url ({self.spec.state_store.url}) "
                        f"is not used locally: an embedded Valkey in {self.dir.store} keeps the "
                        "state (pass --store-url to use another store)")  # fmt: skip
+        if self.outputs:
+            self.event("Normal", "outputs go to " + ", ".join(self.outputs))
         store = open_store(url)
         provider = DirectScrapeProvider(window_seconds=10.0)
         try:
@@ -374,6 +404,8 @@ class LocalRun:
         spec = self.spec.autoscaler
         if not spec.enabled:
             return None
+        ceiling = min(spec.max_parallelism or self.spec.key_groups, self.max_workers)
+        spec = spec.model_copy(update={"max_parallelism": ceiling})  # --max-workers
         provider: MetricsProvider
         if spec.prometheus.url:
             provider = PrometheusMetricsProvider(
@@ -444,6 +476,8 @@ class LocalRun:
         )  # fmt: skip
         if self.autoscaler is not None:
             doc["autoscaler"] = self.autoscaler.status()
+        doc["max_workers"] = self.max_workers  # for keyshift scale
+        doc["outputs"] = self.outputs
         self.dir.write_json(self.dir.status, doc)
         return doc
 

@@ -99,6 +99,8 @@ def render(doc: dict[str, Any], events: Sequence[str] = ()) -> Group:
     ]
     if events:
         parts.append(Panel(Text("\n".join(events[-5:])), title="events", title_align="left"))
+    if doc.get("outputs"):
+        parts.append(Text("outputs go to " + ", ".join(doc["outputs"]), style="dim"))
     if doc.get("running", True):
         hint = (
             f"Ctrl-C stops the job (state is committed); `keyshift scale {doc['job']} N` "

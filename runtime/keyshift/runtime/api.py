@@ -316,6 +316,38 @@ JOB_PATH_ENV = "KEYSHIFT_JOB_PATH"
 """Folders (``os.pathsep``-separated) a worker also looks in for the job's module."""
 
 
+def find_job_module(entrypoint: str, search: Sequence[str] = ()) -> None:
+    """Check that the module of ``module:attribute`` exists, where :func:`load_job` would
+    import it from, without running any of its code (nor its packages' ``__init__``);
+    raise :class:`JobLoadError` if it does not.  Checking a manifest uses this: only
+    running the job imports it."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    module_name = entrypoint.partition(":")[0]
+    top, *rest = module_name.split(".")
+    saved = list(sys.path)
+    sys.path.extend(p for p in search if p and p not in sys.path)
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    finally:
+        sys.path[:] = saved
+    name = top
+    for part in rest:
+        locations = spec.submodule_search_locations if spec is not None else None
+        name = f"{name}.{part}"
+        spec = importlib.machinery.PathFinder.find_spec(name, list(locations or []))
+        if locations is None:
+            spec = None
+    if spec is None:
+        raise JobLoadError(
+            f"job entrypoint {entrypoint!r} cannot be loaded: No module named {module_name!r}"
+        )
+
+
 def load_job(entrypoint: str, search: Sequence[str] = ()) -> Job[Any]:
     """Import ``module:attribute`` and check that it is a :class:`Job`.  ``search``: more
     folders to look in, after the standard library and the installed packages (so that a

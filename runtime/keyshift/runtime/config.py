@@ -51,8 +51,19 @@ from keyshift.store.protocol import check_job_name
 API_VERSION: Final = "keyshift.dev/v1alpha1"
 KIND: Final = "StreamJob"
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+# ASCII digits only (``\d`` would take full-width and other Unicode digits), and at most
+# twelve of them: longer is never a duration anyone means.
+_DURATION = re.compile(r"^ *([0-9]{1,12}(?:\.[0-9]{1,9})?) *(ms|s|m|h)? *$", re.ASCII)
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+HOUR: Final = 3600.0
+DAY: Final = 24 * HOUR
+YEAR: Final = 365 * DAY
+MAX_RATE: Final = 1e9
+"""Records per second: a bound no job of this kind reaches, that keeps rates finite."""
+MAX_COUNT: Final = 2**53 - 1
+"""The largest integer JSON (and so a Kubernetes manifest) carries exactly."""
+MAX_KEY_GROUPS: Final = 65536
 
 
 def parse_duration(value: Any) -> Any:
@@ -60,36 +71,49 @@ def parse_duration(value: Any) -> Any:
     if isinstance(value, str):
         match = _DURATION.match(value)
         if not match:
-            raise ValueError(f"bad duration {value!r}: use e.g. 500ms, 1s, 2m")
+            shown = repr(value) if len(value) <= 32 else f"of {len(value)} characters"
+            raise ValueError(f"bad duration {shown}: use e.g. 500ms, 1s, 2m (ASCII digits)")
         return float(match.group(1)) * _UNITS[match.group(2)]
     return value
 
 
+def _duration_schema(low: Literal["gt", "ge"], high: float) -> WithJsonSchema:
+    """The CRD's schema of a duration: a number or a string like ``500ms``."""
+    number: dict[str, Any] = {"type": "number", "maximum": high}
+    number["exclusiveMinimum" if low == "gt" else "minimum"] = 0
+    return WithJsonSchema({"anyOf": [number, {"type": "string", "pattern": _DURATION.pattern}]})
+
+
 Seconds = Annotated[
-    float,
-    BeforeValidator(parse_duration),
-    Field(gt=0),
-    WithJsonSchema({
-        "anyOf": [
-            {"type": "number", "exclusiveMinimum": 0},
-            {"type": "string", "pattern": _DURATION.pattern},
-        ]
-    }),
-]  # fmt: skip
-"""A duration in seconds: a number, or a string like ``500ms``, ``2s``, ``1.5m``, ``1h``."""
+    float, BeforeValidator(parse_duration), Field(gt=0, le=HOUR), _duration_schema("gt", HOUR)
+]
+"""A duration in seconds, up to an hour: a number, or a string like ``500ms``, ``2s``,
+``1.5m``, ``1h``."""
+
+LongSeconds = Annotated[
+    float, BeforeValidator(parse_duration), Field(gt=0, le=7 * DAY), _duration_schema("gt", 7 * DAY)
+]
+"""A duration in seconds, up to a week."""
 
 OptionalSeconds = Annotated[
-    float,
-    BeforeValidator(parse_duration),
-    Field(ge=0),
-    WithJsonSchema({
-        "anyOf": [
-            {"type": "number", "minimum": 0},
-            {"type": "string", "pattern": _DURATION.pattern},
-        ]
-    }),
-]  # fmt: skip
-"""A duration in seconds that may be zero."""
+    float, BeforeValidator(parse_duration), Field(ge=0, le=7 * DAY), _duration_schema("ge", 7 * DAY)
+]
+"""A duration in seconds that may be zero, up to a week."""
+
+Rate = Annotated[float, Field(ge=0, le=MAX_RATE)]
+"""Records per second."""
+
+JobTime = Annotated[float, Field(ge=0, le=YEAR)]
+"""Seconds of job time, up to a year."""
+
+
+def _points_as_tuples(value: Any) -> Any:
+    """``[[t, rate], ...]`` as YAML and JSON give it: lists, which strict mode takes as
+    tuples only when told."""
+    if isinstance(value, list):
+        return [tuple(p) if isinstance(p, list) and len(p) == 2 else p for p in value]
+    return value
+
 
 # A Kubernetes resource quantity (``500m``, ``2``, ``1.5Gi``, ``1e3``), as the API server
 # accepts it; integers are quantities too.
@@ -97,7 +121,10 @@ _QUANTITY: Final = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
-Quantity = int | Annotated[str, StringConstraints(pattern=_QUANTITY)]
+Quantity = (
+    Annotated[int, Field(ge=0, le=MAX_COUNT)]
+    | Annotated[str, StringConstraints(pattern=_QUANTITY, max_length=64)]
+)
 
 
 class Model(BaseModel):
@@ -112,6 +139,9 @@ class Model(BaseModel):
         populate_by_name=True,
         extra="forbid",
         frozen=True,
+        # the types the CRD's schema has: "4" is not an integer, true is not a number
+        strict=True,
+        allow_inf_nan=False,
         use_attribute_docstrings=True,
         hide_input_in_errors=True,  # a rejected store URL may hold a password
     )
@@ -129,20 +159,24 @@ class RateSpec(Model):
 
     shape: Literal["constant", "step", "sine", "spike", "points"] = "constant"
     """How the rate changes over time (see the description of ``rate``)."""
-    records_per_second: float | None = Field(default=None, ge=0)
-    """The base rate in records per second; omitted with shape ``constant``: unlimited."""
-    to: float = Field(default=0.0, ge=0)
+    records_per_second: Rate | None = None
+    """The base rate in records per second (at most 10^9); omitted with shape
+    ``constant``: unlimited."""
+    to: Rate = 0.0
     """The rate after ``at`` (``step``) or during the spike (``spike``)."""
-    at: float = Field(default=0.0, ge=0)
-    """Seconds of job time when the step or the spike starts."""
-    duration: float = Field(default=0.0, ge=0)
+    at: JobTime = 0.0
+    """Seconds of job time when the step or the spike starts (at most a year)."""
+    duration: JobTime = 0.0
     """Seconds the spike lasts."""
-    amplitude: float = Field(default=0.0, ge=0)
+    amplitude: Rate = 0.0
     """Amplitude of the ``sine`` shape (at most ``recordsPerSecond``)."""
-    period: float = Field(default=60.0, gt=0)
+    period: float = Field(default=60.0, gt=0, le=YEAR)
     """Period of the ``sine`` shape in seconds."""
-    points: list[tuple[float, float]] = Field(default_factory=list)
-    """``[[t, rate], ...]`` with increasing ``t`` (seconds) for the ``points`` shape."""
+    points: Annotated[
+        list[tuple[Rate, Rate]], BeforeValidator(_points_as_tuples), Field(max_length=10_000)
+    ] = Field(default_factory=list)
+    """``[[t, rate], ...]`` with increasing ``t`` (seconds) for the ``points`` shape (each
+    at most 10^9)."""
 
     @model_validator(mode="after")
     def _check(self) -> RateSpec:
@@ -165,19 +199,19 @@ class GeneratorSource(Model):
 
     type: Literal["generator"] = "generator"
     """The source type."""
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=MAX_COUNT)
     """Seed of the generated records."""
-    keys: int = Field(default=10_000, ge=1)
+    keys: int = Field(default=10_000, ge=1, le=2**32)
     """Distinct keys over all key groups; key ``i`` belongs to key group ``i % keyGroups``."""
     distribution: Literal["uniform", "zipf"] = "uniform"
     """How keys are drawn inside a key group."""
-    zipf_exponent: float = Field(default=1.1, gt=0)
+    zipf_exponent: float = Field(default=1.1, gt=0, le=10)
     """Exponent of the ``zipf`` distribution (larger: more skew)."""
-    max_value: int = Field(default=100, ge=1)
+    max_value: int = Field(default=100, ge=1, le=MAX_COUNT)
     """Record values are drawn from ``[1, maxValue]``."""
     rate: RateSpec = Field(default_factory=RateSpec)
     """Input rate over time."""
-    limit: int | None = Field(default=None, ge=0)
+    limit: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     """Records per key group, for bounded runs (tests); omitted: unbounded."""
     disorder: OptionalSeconds = 0.0
     """Records' event times are their scheduled times minus a deterministic jitter of up
@@ -190,7 +224,7 @@ class TimeSpec(Model):
     out_of_orderness: OptionalSeconds = 0.0
     """How far behind the largest event time seen the watermark stays: records later
     than that are late."""
-    idle_timeout: Seconds = 10.0
+    idle_timeout: LongSeconds = 10.0
     """After this long without records a key group's watermark follows processing time
     (minus this timeout and ``outOfOrderness``), in steps of ``checkpointInterval`` or a
     second, whichever is longer: each step is committed before anything depends on it,
@@ -233,7 +267,7 @@ class KafkaSource(KafkaClient):
     """The input topic; its partition count must equal ``keyGroups``."""
     format: Literal["json", "msgpack", "string", "bytes"] = "json"
     """How record values are decoded, unless the job has its own ``decode``."""
-    max_record_bytes: int = Field(default=1024 * 1024, ge=1)
+    max_record_bytes: int = Field(default=1024 * 1024, ge=1, le=1024 * 1024 * 1024)
     """A record whose key and value together are larger is poison."""
     on_poison: Literal["fail", "skip", "dead-letter"] = "fail"
     """What a record that cannot be decoded (or is too large) does: ``fail`` stops its
@@ -241,7 +275,7 @@ class KafkaSource(KafkaClient):
     and the error to ``deadLetterTopic`` and goes on."""
     dead_letter_topic: str | None = Field(default=None, min_length=1, max_length=249)
     """Where poison records go with ``onPoison: dead-letter``."""
-    fetch_max_records: int = Field(default=10_000, ge=100)
+    fetch_max_records: int = Field(default=10_000, ge=100, le=10_000_000)
     """Records a worker buffers per key group ahead of processing."""
 
     @model_validator(mode="after")
@@ -272,8 +306,21 @@ class LogSink(Model):
 
     type: Literal["log"] = "log"
     """The sink type."""
-    path: str | None = None
-    """File to append JSON lines to; omitted: standard output."""
+    path: str | None = Field(default=None, min_length=1, max_length=1024)
+    """File to append JSON lines to, relative to the job's output directory (``keyshift
+    run``: ``.keyshift/<job>/``; in a pod: the worker's working directory) and inside it;
+    omitted: standard output."""
+
+    @field_validator("path")
+    @classmethod
+    def _inside_the_output_directory(cls, path: str | None) -> str | None:
+        if path is not None and (path.startswith(("/", "\\")) or ".." in re.split(r"[/\\]", path)):
+            raise ValueError(
+                f"log sink path {path!r} must stay inside the job's output directory: a "
+                "relative path without '..'"
+            )
+        return path
+
     fsync: bool = False
     """Whether to fsync the file before each state commit."""
 
@@ -314,8 +361,8 @@ class StateStoreSpec(Model):
     secret_ref: str | None = None
     """Name of a Kubernetes Secret with the password under the key ``password``
     (the operator mounts it into the workers)."""
-    cache_bytes: int = Field(default=64 * 1024 * 1024, gt=0)
-    """Byte bound of each worker's state cache."""
+    cache_bytes: int = Field(default=64 * 1024 * 1024, gt=0, le=2**40)
+    """Byte bound of each worker's state cache (at most 1 TiB)."""
     allow_eviction: bool = False
     """Run although the store's ``maxmemory-policy`` may evict keys.  A store that evicts
     loses state silently (an evicted metadata key would restart its key group from
@@ -337,7 +384,18 @@ class StateStoreSpec(Model):
     def _no_password_in_url(cls, url: str | None) -> str | None:
         if url and url_has_password(url):
             raise ValueError(STORE_URL_PASSWORD_MESSAGE)
-        if url and "@" not in urlsplit(url).netloc:
+        if url and "@" in urlsplit(url).netloc:
+            raise ValueError(
+                "stateStore.url must not contain a user name: the store's password comes "
+                "from the Secret named in stateStore.secretRef"
+            )
+        if url and urlsplit(url).query:
+            raise ValueError(
+                "stateStore.url takes no query parameters (a password among them would "
+                "be ignored and kept in the resource): put a password in a Secret and "
+                "name it in stateStore.secretRef"
+            )
+        if url:
             parse_store_url(url)  # scheme, hosts, ports, database: as the workers open it
         return url
 
@@ -389,26 +447,26 @@ class AutoscalerSpec(Model):
     """Whether the autoscaler runs; when false, ``parallelism`` is only set by hand."""
     mode: Literal["scale", "recommend"] = "scale"
     """``scale``: apply decisions; ``recommend``: only report them (status, Events, metrics)."""
-    min_parallelism: int = Field(default=1, ge=1)
+    min_parallelism: int = Field(default=1, ge=1, le=MAX_KEY_GROUPS)
     """Lower bound of the parallelism the autoscaler chooses."""
-    max_parallelism: int | None = Field(default=None, ge=1)
+    max_parallelism: int | None = Field(default=None, ge=1, le=MAX_KEY_GROUPS)
     """Upper bound of the parallelism the autoscaler chooses; omitted: ``keyGroups``."""
     target_utilization: float = Field(default=0.7, gt=0, le=1)
     """Busy ratio each worker should run at."""
     utilization_boundary: float = Field(default=0.2, ge=0, lt=1)
     """Dead band around the target: no decision while utilization stays within
     ``targetUtilization +/- utilizationBoundary``."""
-    catch_up_seconds: float = Field(default=120.0, gt=0)
+    catch_up_seconds: float = Field(default=120.0, gt=0, le=DAY)
     """Seconds within which the current lag should be worked off."""
-    metrics_window_seconds: float = Field(default=60.0, gt=0)
+    metrics_window_seconds: float = Field(default=60.0, gt=0, le=DAY)
     """Length of the metrics window a decision is based on."""
-    interval_seconds: float = Field(default=15.0, gt=0)
+    interval_seconds: float = Field(default=15.0, gt=0, le=HOUR)
     """Seconds between two evaluations."""
-    cooldown_seconds: float = Field(default=30.0, ge=0)
+    cooldown_seconds: float = Field(default=30.0, ge=0, le=DAY)
     """No decision for this long after a rescale."""
-    scale_down_stabilization_seconds: float = Field(default=300.0, ge=0)
+    scale_down_stabilization_seconds: float = Field(default=300.0, ge=0, le=DAY)
     """Scale down only to the highest recommendation within this window."""
-    max_scale_up_factor: float | None = Field(default=None, gt=1)
+    max_scale_up_factor: float | None = Field(default=None, gt=1, le=1000)
     """At most this factor more workers per decision; omitted: unbounded."""
     max_scale_down_factor: float | None = Field(default=None, gt=0, lt=1)
     """At most this factor fewer workers per decision (e.g. 0.5: halve at most);
@@ -452,7 +510,24 @@ class EnvVar(Model):
     def _check(self) -> EnvVar:
         if self.value is not None and self.value_from is not None:
             raise ValueError(f"env {self.name}: give value or valueFrom, not both")
+        if self.value and _holds_a_secret(self.name, self.value):
+            raise ValueError(
+                f"env {self.name} holds a secret in clear (the worker StatefulSet would show "
+                "it): take it from a Secret with valueFrom.secretKeyRef"
+            )
         return self
+
+
+_SECRET_VARIABLE = re.compile(r"PASSWORD|SECRET|TOKEN|PRIVATE", re.IGNORECASE)
+
+
+def _holds_a_secret(name: str, value: str) -> bool:
+    """Whether a worker variable given as a plain value carries a secret: a password,
+    token or secret by its name, or a URL with a password (``KEYSHIFT_STORE_URL``)."""
+    by_name = _SECRET_VARIABLE.search(name) and not name.upper().endswith("_FILE")
+    return bool(by_name) or (
+        "://" in value and (url_has_password(value) or "password=" in value.lower())
+    )
 
 
 class StreamJobSpec(Model):
@@ -460,10 +535,10 @@ class StreamJobSpec(Model):
 
     job: str = Field(min_length=1, json_schema_extra={"pattern": _ENTRY_POINT})
     """The job's ``module:attribute``. Immutable."""
-    key_groups: int = Field(default=128, ge=1, le=65536)
+    key_groups: int = Field(default=128, ge=1, le=MAX_KEY_GROUPS)
     """Number of key groups (input partitions), the unit of state ownership and the upper
     bound of parallelism. Immutable."""
-    parallelism: int = Field(default=1, ge=1)
+    parallelism: int = Field(default=1, ge=1, le=MAX_KEY_GROUPS)
     """Number of workers (at most ``keyGroups``); ``kubectl scale`` sets it, and so does
     the autoscaler when enabled."""
     source: SourceSpec = Field(default_factory=GeneratorSource)
@@ -483,7 +558,7 @@ class StreamJobSpec(Model):
     """What a failing record does: ``fail`` the worker, or ``skip`` the record."""
     time: TimeSpec = Field(default_factory=TimeSpec)
     """Event time: watermarks and timers."""
-    batch_size: int = Field(default=500, ge=1)
+    batch_size: int = Field(default=500, ge=1, le=1_000_000)
     """Records fetched and processed per key group and batch."""
     failover_after: Seconds = 10.0
     """A worker not ready for this long loses its key groups to the others: a number of
@@ -610,9 +685,34 @@ def validate_spec(raw: Any) -> StreamJobSpec | str:
         return validation_message(exc)
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping of the manifest gives a key twice."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (as kubectl does)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                line = key_node.start_mark.line + 1
+                raise DuplicateKeyError(f"key {key!r} is given twice (again on line {line})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """A manifest's YAML, as ``yaml.safe_load`` reads it but refusing duplicate keys."""
+    return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader
+
+
 def load_manifest(path: str | Path) -> StreamJob:
-    data = yaml.safe_load(Path(path).read_text())
-    return StreamJob.model_validate(data)
+    return StreamJob.model_validate(parse_yaml(Path(path).read_text()))
+
+
+OUTPUT_DIR_ENV: Final = "KEYSHIFT_OUTPUT_DIR"
 
 
 class WorkerSettings(Model):
@@ -625,6 +725,9 @@ class WorkerSettings(Model):
     http_host: str = "127.0.0.1"
     http_port: int | None = Field(default=None, ge=0, le=65535)
     """``None``: no HTTP server; 0: any free port."""
+    output_dir: str | None = None
+    """Where log sinks' relative paths start (``KEYSHIFT_OUTPUT_DIR``; ``keyshift run``:
+    the job's run directory); ``None``: the working directory."""
 
     @property
     def job(self) -> str:
@@ -657,6 +760,7 @@ def settings_from(
     ordinal: int | None = None,
     store_url: str | None = None,
     http_port: int | None = None,
+    output_dir: str | Path | None = None,
     environ: dict[str, str] | None = None,
 ) -> WorkerSettings:
     """Combine the manifest, explicit arguments and the environment (arguments win)."""
@@ -681,4 +785,5 @@ def settings_from(
         store_url=url,
         store_password=password or None,
         http_port=http_port,
+        output_dir=str(output_dir or env.get(OUTPUT_DIR_ENV) or "") or None,
     )

@@ -27,7 +27,9 @@ def backoff_seconds(attempts: int) -> float:
 @dataclass(frozen=True, slots=True)
 class KeyGroupFailure:
     error: str
-    """What failed, in words (the error's type and message)."""
+    """What failed, in words (the error's type and message): for the log."""
+    error_type: str
+    """The error's type alone: for ``/healthz``."""
     since: float
     """Unix time of the first failure in this run of failures."""
     attempts: int
@@ -48,6 +50,7 @@ class FailedKeyGroups:
         attempts = 1 if previous is None else previous.attempts + 1
         self._failures[key_group] = KeyGroupFailure(
             error=text,
+            error_type=type(error).__name__,
             since=now if previous is None else previous.since,
             attempts=attempts,
             retry_at=now + backoff_seconds(attempts),

@@ -139,9 +139,12 @@ class LogSinkWriter:
             self._file.close()
 
 
-def open_sink(spec: LogSink | NullSink | KafkaSink) -> Sink:
+def open_sink(spec: LogSink | NullSink | KafkaSink, output_dir: str | None = None) -> Sink:
+    """The sink's writer; a log sink's path starts in ``output_dir`` (the config keeps it
+    inside: relative, without ``..``)."""
     if isinstance(spec, LogSink):
-        return LogSinkWriter(spec.path, fsync=spec.fsync)
+        path = os.path.join(output_dir, spec.path) if output_dir and spec.path else spec.path
+        return LogSinkWriter(path, fsync=spec.fsync)
     if isinstance(spec, KafkaSink):
         from keyshift.runtime.kafka import KafkaSinkWriter  # confluent-kafka only when used
 

@@ -41,11 +41,13 @@ from keyshift.runtime.faults import crash_point
 from keyshift.runtime.handoff import may_claim, stale_claims
 from keyshift.runtime.keygroup import (
     CorruptStateError,
+    Failure,
     KeyGroupRunner,
     Outcome,
     PoisonRecordError,
     RunnerResult,
     RuntimeDeps,
+    UserFunctionError,
 )
 from keyshift.runtime.metrics import FailureMark, WorkerMetrics
 from keyshift.runtime.sinks import DeadLetters, Outputs, Sink, open_sink
@@ -85,7 +87,7 @@ class Worker:
         self.name = settings.worker_name
         self.ordinal = settings.ordinal
         self.job_name = settings.job
-        self.sink = sink if sink is not None else open_sink(settings.spec.sink)
+        self.sink = sink if sink is not None else open_sink(settings.spec.sink, settings.output_dir)
         self.source: Source | None = None
         self.metrics = metrics or WorkerMetrics(self.job_name, self.name)
         self.cache = StateCache(settings.spec.state_store.cache_bytes)
@@ -163,10 +165,17 @@ class Worker:
         )
 
     def health(self) -> dict[str, Any]:
+        """What ``/healthz`` answers: the stopped key groups with their reason, offset and
+        the error's type, never its message (it may quote records, keys or state: the
+        worker's log has it, and the endpoint listens on the pod's network)."""
         runners = list(self.runners.items())  # one step under the GIL: the HTTP thread reads
-        failed = {str(kg): str(r.failed) for kg, r in runners if r.failed is not None}
+        errors = {kg: _error_type(r.failed) for kg, r in runners if r.failed is not None}
         for kg, failure in self.store_failures.items():
-            failed.setdefault(str(kg), f"store: {failure.error} (tried {failure.attempts} times)")
+            errors.setdefault(kg, failure.error_type)
+        failed = {
+            str(kg): {"reason": mark.reason, "offset": mark.offset, "error": errors.get(kg)}
+            for kg, mark in sorted(self.failure_marks().items())
+        }
         return {
             "status": "degraded" if failed else "ok",
             "worker": self.name,
@@ -281,7 +290,8 @@ class Worker:
             from keyshift.runtime.kafka import KafkaDeadLetters
 
             dead_letters = KafkaDeadLetters(spec.source)
-        side = {name: open_sink(sink) for name, sink in spec.side_outputs.items()}
+        output_dir = self.settings.output_dir
+        side = {name: open_sink(sink, output_dir) for name, sink in spec.side_outputs.items()}
         return Outputs(self.sink, side, dead_letters, self.metrics.side_output)
 
     async def _shutdown(self) -> None:
@@ -499,3 +509,11 @@ class Worker:
         finally:
             self._claimers.pop(kg, None)
             self._wake.set()
+
+
+def _error_type(failure: Failure) -> str:
+    """The type of what stopped a key group: the user function's exception, or the
+    failure's own kind (poison record, corrupt state)."""
+    if isinstance(failure, UserFunctionError):
+        return type(failure.cause).__name__
+    return type(failure).__name__
