@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from keyshift.controller.k8s_api import SECRET_LABEL
 from keyshift.store.server import LocalServer
 from tests.chart.rbac import Grant, grants, needed, role_allows
 from tests.chart.render import chart_crds, one, render
@@ -132,8 +133,8 @@ def run_the_operator_through_a_jobs_life(
     apply(k8s, one(render(scope.values), scope.peering))
     assert store.password is not None
     password = base64.b64encode(store.password.encode()).decode()
-    apply(k8s, {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "store"},
-                "data": {"password": password}})  # fmt: skip
+    apply(k8s, {"apiVersion": "v1", "kind": "Secret", "data": {"password": password},
+                "metadata": {"name": "store", "labels": {SECRET_LABEL: "true"}}})  # fmt: skip
     operator = Operator(
         k8s.kubeconfig_for(OPERATOR), tmp_path / "operator.log", options=tuple(chart_options(scope))
     ).start()
@@ -224,6 +225,7 @@ def test_the_check_is_rbacs_namespace_verb_and_subresource() -> None:
     assert not allows(request("patch", "keyshift.dev", "streamjobs", NAMESPACE, "scale"))
     assert not allows(request("delete", "apps", "statefulsets", NAMESPACE))
     assert not allows(request("list", "", "secrets", NAMESPACE))
+    assert not allows(request("watch", "", "secrets", NAMESPACE))  # get only: least privilege
     assert not allows(request("list", "", "pods", None))  # a Role has no cluster scope
     cluster = role_allows(one(render(CLUSTER.values), "ClusterRole"))
     assert cluster(request("list", "", "pods", None))

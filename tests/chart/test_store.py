@@ -9,8 +9,9 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from keyshift.controller.k8s_api import SECRET_LABEL
 from keyshift.runtime.config import StreamJobSpec
-from tests.chart.render import NAMESPACE, find, notes_streamjob, one, render
+from tests.chart.render import NAMESPACE, find, notes, notes_streamjob, one, render
 from tests.chart.validation import VERSIONS, problems
 
 Obj = dict[str, Any]
@@ -51,6 +52,8 @@ def test_the_managed_store_is_durable_and_outlives_the_release() -> None:
 
     secret = one(objects, "Secret", "keyshift-store")
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    # opted in: the operator reads and mounts no Secret without this label
+    assert secret["metadata"]["labels"][SECRET_LABEL] == "true"
     assert len(base64.b64decode(secret["data"]["password"])) == 32
     env = {e["name"]: e.get("valueFrom") for e in container(sts)["env"]}
     assert env["VALKEY_PASSWORD"] == {"secretKeyRef": {"name": "keyshift-store", "key": "password"}}
@@ -87,6 +90,9 @@ def test_an_existing_secret_is_used_and_none_is_made() -> None:
         ]["stateStore"]["secretRef"]
         == "my-valkey"
     )
+    # a Secret of the user's: the notes say to label it, or the operator will not use it
+    text = notes({"stateStore": {"managed": {"auth": {"existingSecret": "my-valkey"}}}})
+    assert f"label secret my-valkey {SECRET_LABEL}=true" in text
 
 
 def test_cluster_mode_runs_masters_with_replicas_and_forms_the_cluster() -> None:
@@ -132,6 +138,7 @@ def test_an_external_store_gets_a_secret_in_each_watched_namespace_and_no_server
     secrets = find(objects, "Secret", "keyshift-store")
     assert sorted(s["metadata"]["namespace"] for s in secrets) == [NAMESPACE, "team-a", "team-b"]
     assert {base64.b64decode(s["data"]["password"]) for s in secrets} == {b"pw"}
+    assert {s["metadata"]["labels"][SECRET_LABEL] for s in secrets} == {"true"}
     job = notes_streamjob(EXTERNAL)
     assert job["spec"]["stateStore"] == {"url": "redis://valkey.data:6379",
                                          "secretRef": "keyshift-store"}  # fmt: skip

@@ -1,7 +1,9 @@
 """The kopf handlers of the operator: a thin layer over :mod:`keyshift.controller.k8s_job`.
 
 - create / update / resume: validate the spec (an invalid one is reported in
-  ``status.conditions`` and nothing is deployed) and apply the owned objects;
+  ``status.conditions`` and nothing is deployed) and apply the owned objects (not
+  while a Secret the spec names lacks the opt-in label: the daemon reports that, and
+  applies them once it is labelled);
 - a daemon per StreamJob: the controller loop (rescales, failover, status,
   drift correction), stopped by kopf when the job is deleted or the operator
   exits or loses leadership;
@@ -23,7 +25,14 @@ from typing import Any
 
 import kopf
 
-from keyshift.controller.k8s_api import GROUP, PLURAL, VERSION, KubeApi, load_credentials
+from keyshift.controller.k8s_api import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    KubeApi,
+    SecretNotAllowed,
+    load_credentials,
+)
 from keyshift.controller.k8s_job import (
     JobRunner,
     apply_owned_objects,
@@ -81,7 +90,11 @@ async def apply(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     spec = check_spec(raw.get("spec") or {})
     if isinstance(spec, str):
         return  # the daemon reports it in status; fixing the spec calls this again
-    for change in await apply_owned_objects(_api(memo), raw, spec):
+    try:
+        changes = await apply_owned_objects(_api(memo), raw, spec)
+    except SecretNotAllowed:
+        return  # the daemon says why in status and an Event, and applies them once labelled
+    for change in changes:
         kopf.info(body, reason="Reconciled", message=change)
 
 
@@ -148,7 +161,10 @@ async def delete(
     api = _api(memo)
     await stop_job(api, namespace, name)
     if annotations.get(DELETE_STATE_ANNOTATION, "").lower() == "true":
-        deleted = await delete_job_state(api, namespace, name, dict(body.get("spec") or {}))
+        try:
+            deleted = await delete_job_state(api, namespace, name, dict(body.get("spec") or {}))
+        except SecretNotAllowed as exc:  # the store's password is needed to delete the state
+            raise kopf.TemporaryError(str(exc), delay=10) from None
         log.info("%s/%s: deleted %d state keys from the store", namespace, name, deleted)
 
 

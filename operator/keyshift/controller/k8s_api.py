@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
@@ -24,8 +25,69 @@ PLURAL = "streamjobs"
 MERGE_PATCH = "application/merge-patch+json"
 
 
+SECRET_LABEL: Final = "keyshift.dev/streamjob-secret"
+"""The label (value ``"true"``) by which a Secret opts in to being read or mounted for
+StreamJobs; the operator refuses every other Secret a StreamJob names."""
+
+
 class KubeUnavailable(Exception):
     """No Kubernetes API to talk to: no credentials, or the API server does not answer."""
+
+
+@dataclass(frozen=True)
+class RefusedSecret:
+    """A Secret a StreamJob names that the operator will not use, and where it is named."""
+
+    name: str
+    use: str
+    """Where the spec names it, e.g. ``stateStore.secretRef``."""
+    missing: bool = False
+    """True: it does not exist (else: it lacks the label)."""
+
+
+class SecretNotAllowed(Exception):
+    """Secrets a StreamJob names but that do not opt in with :data:`SECRET_LABEL` (or do
+    not exist): the operator neither reads them nor mounts them into the workers, since
+    whoever may create a StreamJob would otherwise have any Secret of the namespace sent
+    to a host (``stateStore.url``, ``autoscaler.prometheus.url``) or a pod of their own."""
+
+    reason: Final = "SecretNotAllowed"
+
+    def __init__(self, namespace: str, refused: Sequence[RefusedSecret]) -> None:
+        self.namespace = namespace
+        self.refused = tuple(refused)
+        super().__init__(secret_refusal(namespace, self.refused))
+
+
+def secret_refusal(namespace: str, refused: Sequence[RefusedSecret]) -> str:
+    """Which Secrets are refused, why, and the command that lets the job go on."""
+    what = "; ".join(
+        f"Secret {namespace}/{r.name} ({r.use}) "
+        + ("does not exist" if r.missing else f'is not labelled {SECRET_LABEL}="true"')
+        for r in refused
+    )
+    unlabelled = sorted({r.name for r in refused if not r.missing})
+    missing = sorted({r.name for r in refused if r.missing})
+    todo = []
+    if unlabelled:
+        todo.append(
+            f"kubectl -n {namespace} label secret {' '.join(unlabelled)} {SECRET_LABEL}=true"
+        )
+    if missing:
+        todo.append(f"create {', '.join(missing)} with that label")
+    return (
+        f"{what}. The operator reads, and mounts into workers, only Secrets labelled "
+        f"{SECRET_LABEL}=true, so that creating a StreamJob cannot send other Secrets of the "
+        f"namespace to a host or pod of one's choosing; nothing of the job is created or "
+        f"changed until then. If they are meant for StreamJobs: {' and '.join(todo)} "
+        f"(the job goes on by itself within seconds)"
+    )
+
+
+def secret_allowed(secret: Obj) -> bool:
+    """Whether a Secret (as the API server sends it) opts in to StreamJobs."""
+    labels = (secret.get("metadata") or {}).get("labels") or {}
+    return labels.get(SECRET_LABEL) == "true"
 
 
 def load_credentials() -> None:
@@ -129,8 +191,23 @@ class KubeApi:
             {"spec": {"replicas": replicas}}, _content_type=MERGE_PATCH,
         )  # fmt: skip
 
-    async def read_secret_key(self, namespace: str, name: str, key: str) -> str:
-        secret = await self._call(self.core.read_namespaced_secret, name, namespace)
+    async def read_allowed_secret(self, namespace: str, name: str, use: str) -> Obj:
+        """The Secret, if it carries :data:`SECRET_LABEL`; else :class:`SecretNotAllowed`
+        (also when it does not exist). ``use``: where the StreamJob names it."""
+        try:
+            secret = await self._call(self.core.read_namespaced_secret, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                missing = RefusedSecret(name, use, missing=True)
+                raise SecretNotAllowed(namespace, [missing]) from None
+            raise
+        if not secret_allowed(secret):
+            raise SecretNotAllowed(namespace, [RefusedSecret(name, use)])
+        return secret
+
+    async def read_secret_key(self, namespace: str, name: str, key: str, use: str) -> str:
+        """A key of a Secret that opts in (:meth:`read_allowed_secret`); KeyError if absent."""
+        secret = await self.read_allowed_secret(namespace, name, use)
         data = (secret.get("data") or {}).get(key)
         if data is None:
             raise KeyError(f"Secret {namespace}/{name} has no key {key!r}")

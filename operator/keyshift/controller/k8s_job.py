@@ -6,10 +6,18 @@ failover) over a :class:`KubernetesWorkerPool`, and every second writes
 ``status``; every ``DRIFT_SECONDS`` it restores owned objects someone edited.
 The executor's record lives in ``status.controller``, so a restarted operator
 (or the next leader) resumes a rescale where the last one stopped.
+
+Secrets: the operator reads and mounts only the Secrets that opt in with the label
+``keyshift.dev/streamjob-secret: "true"`` (:class:`SecretNotAllowed` otherwise). While a
+Secret the spec names is refused nothing of the job is created or changed (a job that
+already runs keeps running as it was), the StreamJob says why (``Ready=False``, reason
+``SecretNotAllowed``, and an Event), and the check is repeated every
+``SECRET_RETRY_SECONDS``: labelling the Secret lets the job go on by itself.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import logging
 import time
@@ -27,14 +35,21 @@ from keyshift.controller.autoscaling import (
     history_from,
 )
 from keyshift.controller.controller import Controller, ControllerSettings
-from keyshift.controller.k8s_api import KubeApi, Obj
-from keyshift.controller.k8s_objects import drift, label_selector, owned_objects
+from keyshift.controller.k8s_api import (
+    SECRET_LABEL,
+    KubeApi,
+    Obj,
+    RefusedSecret,
+    SecretNotAllowed,
+)
+from keyshift.controller.k8s_objects import drift, label_selector, owned_objects, secret_refs
 from keyshift.controller.k8s_pool import KubernetesWorkerPool, WorkerView
 from keyshift.controller.k8s_status import (
     invalid_status,
     job_status,
     record_from_status,
     record_to_status,
+    refused_status,
 )
 from keyshift.controller.metrics_provider import FailedKeyGroup, WorkerTarget
 from keyshift.controller.prometheus_provider import PrometheusMetricsProvider
@@ -48,6 +63,8 @@ log = logging.getLogger("keyshift.operator")
 TICK_SECONDS = 0.25
 STATUS_SECONDS = 1.0
 DRIFT_SECONDS = 5.0
+SECRET_RETRY_SECONDS = 2.0
+"""How often the Secrets of a job are checked again while one is refused."""
 
 EventPoster = Callable[[str, str, str], None]
 """``(type, reason, message)``: posts a Kubernetes Event on the StreamJob."""
@@ -100,9 +117,24 @@ class StatusRecordStore:
         )
 
 
+async def check_secrets(api: KubeApi, namespace: str, spec: StreamJobSpec) -> None:
+    """:class:`SecretNotAllowed` naming every Secret of the spec (:func:`secret_refs`) that
+    does not opt in with the label, or does not exist."""
+    refused: list[RefusedSecret] = []
+    for name, uses in secret_refs(spec).items():
+        try:
+            await api.read_allowed_secret(namespace, name, ", ".join(uses))
+        except SecretNotAllowed as exc:
+            refused.extend(exc.refused)
+    if refused:
+        raise SecretNotAllowed(namespace, refused)
+
+
 async def apply_owned_objects(api: KubeApi, body: Obj, spec: StreamJobSpec) -> list[str]:
-    """Create what is missing and restore what drifted; the names of what changed."""
+    """Create what is missing and restore what drifted; the names of what changed.
+    Nothing at all while a Secret the spec names is refused (:func:`check_secrets`)."""
     namespace = body["metadata"].get("namespace", "default")
+    await check_secrets(api, namespace, spec)
     changed = []
     for desired in owned_objects(body, spec, replicas=0):
         kind, name = desired["kind"], desired["metadata"]["name"]
@@ -131,7 +163,9 @@ async def open_job_store(api: KubeApi, namespace: str, spec: StreamJobSpec) -> S
         raise ValueError("spec.stateStore.url is required on Kubernetes")
     password = None
     if spec.state_store.secret_ref:
-        password = await api.read_secret_key(namespace, spec.state_store.secret_ref, "password")
+        password = await api.read_secret_key(
+            namespace, spec.state_store.secret_ref, "password", "stateStore.secretRef"
+        )
     return open_store(url, password=password)
 
 
@@ -154,6 +188,9 @@ class JobRunner:
         self.spec: StreamJobSpec | None = None
         """The last valid spec: what the job runs by while a newer one is invalid."""
         self.error: str | None = None
+        self.refused: str | None = None
+        """Why Secrets the spec names are refused (:class:`SecretNotAllowed`), until they
+        are labelled."""
         self._last_status: Obj | None = None
         self._failed_reported: set[tuple[int, str]] = set()
         self._last_status_at = 0.0
@@ -199,11 +236,24 @@ class JobRunner:
             self.invalid = None
             spec = self.spec = checked
         now = time.time()
-        if self.invalid is None and now - self._last_drift_at >= DRIFT_SECONDS:
+        every = DRIFT_SECONDS if self.refused is None else SECRET_RETRY_SECONDS
+        if self.invalid is None and now - self._last_drift_at >= every:
             self._last_drift_at = now
-            for change in await apply_owned_objects(self.api, dict(self.body), spec):
-                self.post_event("Normal", "Reconciled", change)
-        controller = await self._controller(spec)
+            try:
+                changes = await apply_owned_objects(self.api, dict(self.body), spec)
+            except SecretNotAllowed as exc:
+                await self._report_refused(exc)
+            else:
+                self._secrets_allowed()
+                for change in changes:
+                    self.post_event("Normal", "Reconciled", change)
+        if self.refused is not None and self.controller is None:
+            return  # nothing runs until the Secrets are labelled (checked again above)
+        try:
+            controller = await self._controller(spec)
+        except SecretNotAllowed as exc:  # e.g. the label was removed since the check
+            await self._report_refused(exc)
+            return
         await controller.tick()
         self._count_finished(controller.executor.record)
         if self.autoscaler is not None and controller.assignment is not None:
@@ -223,11 +273,13 @@ class JobRunner:
             if spec.key_groups != self.key_groups:
                 raise ValueError("keyGroups cannot change for a running job")
             return self.controller
-        self.store = await open_job_store(self.api, self.namespace, spec)
+        if self.autoscaler is None:
+            self.autoscaler = await self._autoscaler(spec)
+        if self.store is None:
+            self.store = await open_job_store(self.api, self.namespace, spec)
         info = await self.store.init_job(self.name, spec.key_groups)
         self.key_groups = info.key_groups
         record = record_from_status(self.body.get("status"), self.name)
-        self.autoscaler = await self._autoscaler(spec)
         self._history_seen = len(record.history)
         self.controller = Controller(
             self.name, info.key_groups, self.store, self.pool,
@@ -257,11 +309,14 @@ class JobRunner:
             raise ValueError("spec.autoscaler.prometheus.url is required on Kubernetes")
         auth: dict[str, str] = {}
         if scaler.prometheus.secret_ref:
-            for key in ("token", "username", "password"):
-                with contextlib.suppress(KeyError, ApiException):
-                    auth[key] = await self.api.read_secret_key(
-                        self.namespace, scaler.prometheus.secret_ref, key
-                    )
+            # SecretNotAllowed when it lacks the label: nothing is read from it, and the
+            # job waits (with the reason in its status) rather than scale without it
+            secret = await self.api.read_allowed_secret(
+                self.namespace, scaler.prometheus.secret_ref, "autoscaler.prometheus.secretRef"
+            )
+            data = secret.get("data") or {}
+            auth = {key: base64.b64decode(data[key]).decode()
+                    for key in ("token", "username", "password") if data.get(key)}  # fmt: skip
         provider = PrometheusMetricsProvider(
             scaler.prometheus.url, window_seconds=scaler.metrics_window_seconds,
             token=auth.get("token"), username=auth.get("username"),
@@ -312,6 +367,7 @@ class JobRunner:
             observed_generation=self.body["metadata"].get("generation"),
             error=self.error,
             invalid=self.invalid,
+            refused=self.refused,
             at=time.time(),
             failed=self.failed_key_groups(),
             desired=self.desired(),
@@ -331,6 +387,36 @@ class JobRunner:
         if status != self._last_status:
             await self.api.patch_job_status(self.namespace, self.name, status)
             self._last_status = status
+
+    async def _report_refused(self, exc: SecretNotAllowed) -> None:
+        """A Secret the spec names is refused: an Event, and the status says why (for a job
+        that runs, :meth:`write_status` does, with the job's state)."""
+        message = str(exc)
+        if message != self.refused:
+            self.refused = message
+            log.warning("%s/%s: %s", self.namespace, self.name, message)
+            self.post_event("Warning", exc.reason, message)
+        if self.controller is not None:
+            return
+        previous = (self.body.get("status") or {}).get("conditions") or []
+        ready: Obj = next((c for c in previous if c.get("type") == "Ready"), {})
+        if (ready.get("reason"), ready.get("message")) == (exc.reason, message):
+            return  # already says so
+        observed = self.body["metadata"].get("generation")
+        await self.api.patch_job_status(
+            self.namespace, self.name,
+            refused_status(exc.reason, message, previous, observed, time.time()),
+        )  # fmt: skip
+        self._last_status = None
+
+    def _secrets_allowed(self) -> None:
+        if self.refused is None:
+            return
+        self.refused = None
+        self._last_status = None
+        message = f"the Secrets the spec names are labelled {SECRET_LABEL}=true: the job goes on"
+        log.info("%s/%s: %s", self.namespace, self.name, message)
+        self.post_event("Normal", "SecretsAllowed", message)
 
     async def _report_invalid(self, message: str) -> None:
         if message == self.invalid:

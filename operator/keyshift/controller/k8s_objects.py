@@ -240,6 +240,27 @@ def worker_statefulset(body: Obj, spec: StreamJobSpec, replicas: int) -> Obj:
     }
 
 
+def secret_refs(spec: StreamJobSpec) -> dict[str, list[str]]:
+    """Every Secret the job's spec names, with where: what the operator reads
+    (``stateStore.secretRef``; ``autoscaler.prometheus.secretRef`` when the autoscaler is
+    on) and what it mounts into the workers (the store's Secret, the Secrets of
+    ``env[*].valueFrom.secretKeyRef``). Each must opt in with the label
+    :data:`~keyshift.controller.k8s_api.SECRET_LABEL` before the operator uses it."""
+    refs: dict[str, list[str]] = {}
+    if spec.state_store.secret_ref:
+        refs.setdefault(spec.state_store.secret_ref, []).append("stateStore.secretRef")
+    if spec.autoscaler.enabled and spec.autoscaler.prometheus.secret_ref:
+        refs.setdefault(spec.autoscaler.prometheus.secret_ref, []).append(
+            "autoscaler.prometheus.secretRef"
+        )
+    for i, var in enumerate(spec.env):
+        ref = (var.value_from or {}).get("secretKeyRef")
+        name = ref.get("name") if isinstance(ref, dict) else None
+        if isinstance(name, str) and name:
+            refs.setdefault(name, []).append(f"env[{i}] {var.name}: valueFrom.secretKeyRef")
+    return refs
+
+
 def owned_objects(body: Obj, spec: StreamJobSpec, replicas: int) -> list[Obj]:
     """Everything the job owns, in creation order (the workers' config first)."""
     return [

@@ -3,7 +3,9 @@
 Phases: ``Pending`` (no assignment published yet), ``Running``, ``Rescaling``,
 ``Degraded`` (a worker of the assignment is not ready, or key groups stopped with an
 error: ``failedKeyGroups``, from the workers' metrics), ``Failed`` (the spec
-is invalid: the ``InvalidSpec`` condition says why). Conditions follow the
+is invalid: the ``InvalidSpec`` condition says why). A Secret the spec names that does
+not opt in to StreamJobs makes ``Ready`` False with the reason ``SecretNotAllowed``
+(the job stays ``Pending`` if it never ran). Conditions follow the
 Kubernetes convention: ``lastTransitionTime`` changes only when ``status``
 does.
 """
@@ -75,6 +77,20 @@ def invalid_status(message: str, previous: Sequence[Obj], observed: int | None, 
     }
 
 
+def refused_status(
+    reason: str, message: str, previous: Sequence[Obj], observed: int | None, at: float
+) -> Obj:
+    """The status of a job that cannot start because Secrets it names are refused."""
+    return {
+        "phase": "Pending",
+        "observedGeneration": observed,
+        "conditions": [
+            condition(previous, "Ready", False, reason, message, at),
+            condition(previous, "InvalidSpec", False, "Valid", "the spec is valid", at),
+        ],
+    }
+
+
 def failed_message(failed: Sequence[FailedKeyGroup]) -> str:
     """The stopped key groups in one sentence per reason, with what to do."""
     return "; ".join(
@@ -97,9 +113,11 @@ def job_status(
     failed: Sequence[FailedKeyGroup] = (),
     desired: Desired | None = None,
     lag: int | None = None,
+    refused: str | None = None,
 ) -> Obj:
     """``invalid``: why the newest spec is rejected, while the job runs by an older one;
-    ``failed``: the key groups the workers' metrics say are stopped."""
+    ``failed``: the key groups the workers' metrics say are stopped; ``refused``: why
+    Secrets the spec names are refused (the workers run as they were)."""
     owners = assignment.owners if assignment is not None else ()
     parallelism = 0 if assignment is None else assignment.parallelism
     current = record.current
@@ -143,10 +161,12 @@ def job_status(
         if current is not None
         else "no rescale in progress"
     )
+    running = (f"{parallelism} workers run generation "
+               f"{0 if assignment is None else assignment.generation}")  # fmt: skip
     conditions = [
-        condition(previous_conditions, "Ready", phase == "Running", phase,
-                  f"{parallelism} workers run generation "
-                  f"{0 if assignment is None else assignment.generation}", at),
+        condition(previous_conditions, "Ready", phase == "Running" and refused is None,
+                  "SecretNotAllowed" if refused else phase,
+                  f"{refused}; meanwhile {running}, as before" if refused else running, at),
         condition(previous_conditions, "Rescaling", current is not None,
                   "Rescaling" if current is not None else "Idle", rescaling_msg, at),
         condition(previous_conditions, "Degraded", bool(not_ready or failed or error),

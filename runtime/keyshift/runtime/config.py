@@ -360,7 +360,8 @@ class StateStoreSpec(Model):
     """A file with the store's password, for local runs (on Kubernetes: ``secretRef``)."""
     secret_ref: str | None = None
     """Name of a Kubernetes Secret with the password under the key ``password``
-    (the operator mounts it into the workers)."""
+    (the operator mounts it into the workers), labelled
+    ``keyshift.dev/streamjob-secret=true``: the operator uses no other Secret."""
     cache_bytes: int = Field(default=64 * 1024 * 1024, gt=0, le=2**40)
     """Byte bound of each worker's state cache (at most 1 TiB)."""
     allow_eviction: bool = False
@@ -421,7 +422,8 @@ class PrometheusSpec(Model):
     """Base URL of the Prometheus HTTP API, e.g. ``http://prometheus.monitoring:9090``;
     omitted: the operator's default."""
     secret_ref: str | None = None
-    """Name of a Secret with a bearer ``token``, or ``username`` and ``password`` keys."""
+    """Name of a Secret with a bearer ``token``, or ``username`` and ``password`` keys,
+    labelled ``keyshift.dev/streamjob-secret=true``: the operator uses no other Secret."""
     insecure_skip_verify: bool = False
     """Skip TLS certificate verification (test setups only)."""
 
