@@ -192,6 +192,11 @@ def pod_templates(objects: list[Obj]) -> list[tuple[str, Obj]]:
     ]
 
 
+def expand(arg: str, env: dict[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion (a reference to no variable stays as it is)."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), arg)
+
+
 def argv_strings(pod: Obj, objects: list[Obj]) -> list[str]:
     """Every string a container is started or probed with, as a process listing shows it:
     with Kubernetes' ``$(VAR)`` expansion of command and args, a variable from a rendered
@@ -210,8 +215,7 @@ def argv_strings(pod: Obj, objects: list[Obj]) -> list[str]:
             env[var["name"]] = (
                 secrets.get((ref["name"], ref["key"]), "") if ref else str(var.get("value", ""))
             )
-        for arg in c.get("command", []) + c.get("args", []):
-            out.append(re.sub(r"\$\((\w+)\)", lambda m, env=env: env.get(m[1], m[0]), arg))
+        out += [expand(arg, env) for arg in c.get("command", []) + c.get("args", [])]
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             out += c.get(probe, {}).get("exec", {}).get("command", [])
     return out

@@ -143,7 +143,7 @@ def _running(tmp_path: Path, values: Obj, started: list[Started]) -> Started:
     return server
 
 
-MODES = {
+MODES: dict[str, Obj] = {
     "standalone": {"stateStore": {"managed": {}}},
     "standalone TLS": {"stateStore": {"managed": {"tls": {"enabled": True}}}},
     "cluster TLS": {"stateStore": {"managed": {"mode": "cluster", "tls": {"enabled": True}}}},

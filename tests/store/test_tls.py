@@ -12,16 +12,21 @@ must be built with TLS (Debian's redis-server is; the PyPI Valkey is not): the f
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterUnreachableError
+from redis.retry import Retry
 
 from keyshift.store import RedisStateStore, StoreUnavailable, open_store
 from keyshift.store.server import (
@@ -136,7 +141,8 @@ def tls_server(
 ) -> Iterator[TLSServer]:
     server = TLSServer(
         tmp_path_factory.mktemp("tls"), binary=tls_binary, pki=pki, password=PASSWORD
-    ).start()
+    )
+    server.start()
     yield server
     server.stop()
 
@@ -192,7 +198,7 @@ async def _counts(store: RedisStateStore, job: str, key_groups: int) -> list[byt
 
 
 @pytest.fixture(params=["ca_file", "ca_data"])
-def trusting(request: pytest.FixtureRequest, pki: Pki) -> dict[str, str]:
+def trusting(request: pytest.FixtureRequest, pki: Pki) -> dict[str, Any]:
     """The CA as the worker gives it (a file) and as the operator does (the Secret's text)."""
     if request.param == "ca_file":
         return {"ca_file": str(pki.ca)}
@@ -200,7 +206,7 @@ def trusting(request: pytest.FixtureRequest, pki: Pki) -> dict[str, str]:
 
 
 async def test_a_standalone_tls_store_works_with_its_ca(
-    tls_server: TLSServer, trusting: dict[str, str], job: str
+    tls_server: TLSServer, trusting: dict[str, Any], job: str
 ) -> None:
     store = open_store(tls_server.url, password=PASSWORD, retry_seconds=5, **trusting)
     try:
@@ -210,7 +216,7 @@ async def test_a_standalone_tls_store_works_with_its_ca(
 
 
 async def test_a_tls_cluster_works_with_its_ca_on_every_node(
-    tls_cluster: TLSCluster, trusting: dict[str, str], job: str
+    tls_cluster: TLSCluster, trusting: dict[str, Any], job: str
 ) -> None:
     """The seed is one node: the others, found through it, are reached with the CA too."""
     store = open_store(tls_cluster.url, password=PASSWORD, retry_seconds=5, **trusting)
@@ -233,7 +239,8 @@ async def test_a_server_the_given_ca_did_not_sign_is_refused(
     kind: str, tls_server: TLSServer, tls_cluster: TLSCluster, pki: Pki
 ) -> None:
     address = tls_server.url if kind == "standalone" else tls_cluster.url
-    for trust in ({"ca_file": str(pki.other_ca)}, {}):  # another CA; the system's CAs
+    trusts: list[dict[str, Any]] = [{"ca_file": str(pki.other_ca)}, {}]
+    for trust in trusts:  # another CA; the system's CAs
         store = open_store(address, password=PASSWORD, retry_seconds=0.3, **trust)
         try:
             with pytest.raises(REFUSED[kind], match="certificate verify failed"):
@@ -247,7 +254,7 @@ async def test_the_ca_is_not_sent_to_a_plain_store(pki: Pki) -> None:
     has it) changes nothing."""
     store = open_store("redis://127.0.0.1:1", ca_file=str(pki.ca), ca_data="x")
     try:
-        kwargs = store._client.connection_pool.connection_kwargs  # type: ignore[union-attr]
+        kwargs = store._client.connection_pool.connection_kwargs
         assert not any(k.startswith("ssl") for k in kwargs)
     finally:
         await store.close()
@@ -255,7 +262,38 @@ async def test_the_ca_is_not_sent_to_a_plain_store(pki: Pki) -> None:
 
 def test_the_tls_server_refuses_plain_connections(tls_server: TLSServer) -> None:
     """The store listens with TLS only: nothing answers without it."""
-    plain = redis.Redis(host="127.0.0.1", port=tls_server.port, password=PASSWORD, socket_timeout=2)
+    plain = redis.Redis(
+        host="127.0.0.1", port=tls_server.port, password=PASSWORD, socket_timeout=2,
+        retry=Retry(NoBackoff(), 0),
+    )  # fmt: skip
     with plain, pytest.raises(redis.exceptions.ConnectionError):
         plain.ping()
     wait_until(lambda: tls_server.client().ping(), 5, "the TLS server")
+
+
+async def test_the_store_commands_take_the_ca(tls_server: TLSServer, pki: Pki, job: str) -> None:
+    """``keyshift store`` against the TLS store, as an operator of the cluster runs it
+    (``kubectl port-forward``, the CA from the store's Secret)."""
+    store = open_store(tls_server.url, password=PASSWORD, ca_file=str(pki.ca))
+    try:
+        await store.init_job(job, 2)
+    finally:
+        await store.close()
+    url = ["--url", tls_server.url]
+    env = {**os.environ, "KEYSHIFT_STORE_PASSWORD": PASSWORD}
+    env.pop("KEYSHIFT_STORE_CA_FILE", None)
+
+    def keyshift(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "keyshift.controller.cli", "store", *args],
+            capture_output=True, text=True, timeout=60, env={**env, **extra},
+        )  # fmt: skip
+
+    listed = keyshift("list", job, "--json", *url, "--ca-file", str(pki.ca))
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)["key_groups"]) == 2
+    from_env = keyshift("list", job, "--json", *url, KEYSHIFT_STORE_CA_FILE=str(pki.ca))
+    assert from_env.returncode == 0, from_env.stderr
+    refused = keyshift("list", job, *url, "--ca-file", str(pki.other_ca))
+    assert refused.returncode != 0
+    assert "certificate verify failed" in refused.stdout + refused.stderr

@@ -16,6 +16,7 @@ given: the CA of a store with its own CA, as the chart's managed Valkey has (the
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -86,7 +87,7 @@ def open_store(
     scheme, nodes, db = parse_store_url(url)
     tls = scheme.startswith("rediss")
     connection_class = HiredisSSLConnection if tls else HiredisConnection
-    tls_kwargs: dict[str, str] = {}
+    tls_kwargs: dict[str, Any] = {}
     if tls and ca_file:
         tls_kwargs["ssl_ca_certs"] = ca_file
     if tls and ca_data:
