@@ -18,7 +18,8 @@ def test_the_values_table_is_generated_from_the_current_schema() -> None:
 
 def test_the_documented_stanzas_are_what_the_chart_prints() -> None:
     doc = DOC.read_text()
-    for values in ({}, {"stateStore": {"managed": {"mode": "cluster"}}}):
+    tls = {"stateStore": {"managed": {"tls": {"enabled": True}}}}
+    for values in ({}, {"stateStore": {"managed": {"mode": "cluster"}}}, tls):
         store = notes_streamjob(values)["spec"]["stateStore"]
         assert f"url: {store['url']}" in doc
         assert f"secretRef: {store['secretRef']}" in doc

@@ -505,30 +505,38 @@ class _Pod:
     # ---- volumes and environment
 
     async def _write_volumes(self) -> None:
-        ns = self.key[0]
         for volume in (self.pod.get("spec") or {}).get("volumes") or []:
             target = self.dir / volume["name"]
             target.mkdir(parents=True, exist_ok=True)
-            if "configMap" in volume or "secret" in volume:
-                secret = "secret" in volume
-                source = volume["secret" if secret else "configMap"]
-                name = source.get("secretName" if secret else "name", "")
-                obj = await self.runner._read("secrets" if secret else "configmaps", ns, name)
-                if obj is None:
-                    if source.get("optional"):
-                        continue
-                    kind = "secret" if secret else "configmap"
-                    raise ConfigError(f'{kind} "{name}" not found')
-                data = _decoded(obj, secret)
-                items = source.get("items") or [{"key": k, "path": k} for k in data]
-                for item in items:
-                    if item["key"] not in data:
-                        if source.get("optional"):
-                            continue
-                        raise ConfigError(f'key "{item["key"]}" not in {name}')
-                    path = target / item["path"]
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_bytes(data[item["key"]])
+            # a projected volume: each of its sources written into the one directory
+            sources = (volume.get("projected") or {}).get("sources") or [volume]
+            for source in sources:
+                await self._write_source(source, target)
+
+    async def _write_source(self, volume: Obj, target: Path) -> None:
+        """One configMap or secret (a volume's, or a projected volume's source) into ``target``."""
+        if "configMap" not in volume and "secret" not in volume:
+            return
+        secret = "secret" in volume
+        source = volume["secret" if secret else "configMap"]
+        # a secret volume names it secretName, a projected volume's source name
+        name = source.get("secretName" if secret else "name") or source.get("name", "")
+        obj = await self.runner._read("secrets" if secret else "configmaps", self.key[0], name)
+        if obj is None:
+            if source.get("optional"):
+                return
+            kind = "secret" if secret else "configmap"
+            raise ConfigError(f'{kind} "{name}" not found')
+        data = _decoded(obj, secret)
+        items = source.get("items") or [{"key": k, "path": k} for k in data]
+        for item in items:
+            if item["key"] not in data:
+                if source.get("optional"):
+                    continue
+                raise ConfigError(f'key "{item["key"]}" not in {name}')
+            path = target / item["path"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data[item["key"]])
 
     async def _lookup(self, what: str, ref: Obj) -> str | None:
         obj = await self.runner._read(what, self.key[0], ref.get("name", ""))

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from keyshift.controller.k8s_objects import (
+    SECRET_DIR,
     drift,
     label_selector,
     owned_objects,
@@ -62,9 +63,18 @@ def test_the_store_password_comes_from_the_named_secret_not_the_spec() -> None:
     sts = worker_statefulset(b, parse(b), replicas=1)
     pod = sts["spec"]["template"]["spec"]
     secret = next(v for v in pod["volumes"] if v["name"] == "store-secret")
-    assert secret["secret"]["secretName"] == "valkey-auth"
+    # the password (required: the pod waits for it) and the CA of a TLS store if the
+    # Secret has one (`ca.crt`, optional), nothing else of the Secret
+    password, ca = secret["projected"]["sources"]
+    assert password["secret"] == {
+        "name": "valkey-auth", "items": [{"key": "password", "path": "password"}],
+    }  # fmt: skip
+    assert ca["secret"] == {
+        "name": "valkey-auth", "items": [{"key": "ca.crt", "path": "ca.crt"}], "optional": True,
+    }  # fmt: skip
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["KEYSHIFT_STORE_PASSWORD_FILE"]["value"].endswith("/password")
+    assert env["KEYSHIFT_STORE_CA_FILE"]["value"] == f"{SECRET_DIR}/ca.crt"
     assert "KEYSHIFT_STORE_PASSWORD" not in env  # never a value in the pod spec
 
 

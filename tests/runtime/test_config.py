@@ -49,6 +49,18 @@ def test_environment_gives_ordinal_store_url_and_password_file(tmp_path: Path) -
         settings_from(m, environ={})
 
 
+def test_the_store_ca_file_is_used_when_the_secret_has_one(tmp_path: Path) -> None:
+    """The operator names ``ca.crt`` of the store's Secret for every worker; a Secret
+    without it (no TLS, or a certificate the system's CAs verify) leaves no file."""
+    m = load_manifest(REPO / "examples" / "counter.yaml")
+    ca = tmp_path / "ca.crt"
+    env = {"KEYSHIFT_WORKER_ORDINAL": "0", "KEYSHIFT_STORE_CA_FILE": str(ca)}
+    assert settings_from(m, environ=env).store_ca_file is None
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert settings_from(m, environ=env).store_ca_file == str(ca)
+    assert settings_from(m, environ={"KEYSHIFT_WORKER_ORDINAL": "0"}).store_ca_file is None
+
+
 def test_invalid_manifests_are_refused_with_the_field_named() -> None:
     base = {"metadata": {"name": "ok"}, "spec": {"job": "m:j"}}
     assert StreamJob.model_validate(base).spec.key_groups == 128

@@ -85,6 +85,30 @@ app.kubernetes.io/name: keyshift-valkey
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The cluster-init Job's pods (the store's NetworkPolicy admits them). */}}
+{{- define "keyshift.store.initSelector" -}}
+app.kubernetes.io/name: keyshift-valkey-init
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Whether the managed store speaks TLS ("true" or ""). */}}
+{{- define "keyshift.store.tls" -}}
+{{- $managed := .Values.stateStore.managed -}}
+{{- if and $managed.enabled $managed.tls.enabled -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The managed store's kubernetes.io/tls Secret: yours, or the one the chart makes. */}}
+{{- define "keyshift.store.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "keyshift.store.fullname" .)) .Values.stateStore.managed.tls.existingSecret -}}
+{{- end -}}
+
+{{/* Where the store's containers find the password (a file of the store's Secret) and,
+with TLS, the certificate, key and CA. */}}
+{{- define "keyshift.store.authDir" -}}/run/secrets/valkey{{- end -}}
+{{- define "keyshift.store.tlsDir" -}}/run/valkey/tls{{- end -}}
+
 {{/* Servers of the managed store: 1, or masters * (1 + replicas). */}}
 {{- define "keyshift.store.servers" -}}
 {{- $store := .Values.stateStore.managed -}}
@@ -128,14 +152,15 @@ true
 {{- if $managed.enabled -}}
 {{- $name := include "keyshift.store.fullname" . -}}
 {{- $domain := printf "%s.svc" .Release.Namespace -}}
+{{- $scheme := ternary "rediss" "redis" (eq (include "keyshift.store.tls" .) "true") -}}
 {{- if eq $managed.mode "cluster" -}}
 {{- $seeds := list -}}
 {{- range $i := until (int $managed.cluster.masters) -}}
 {{- $seeds = append $seeds (printf "%s-%d.%s-headless.%s:6379" $name $i $name $domain) -}}
 {{- end -}}
-{{- printf "redis+cluster://%s" (join "," $seeds) -}}
+{{- printf "%s+cluster://%s" $scheme (join "," $seeds) -}}
 {{- else -}}
-{{- printf "redis://%s.%s:6379" $name $domain -}}
+{{- printf "%s://%s.%s:6379" $scheme $name $domain -}}
 {{- end -}}
 {{- else if .Values.stateStore.external.enabled -}}
 {{- .Values.stateStore.external.url -}}

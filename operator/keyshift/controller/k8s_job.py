@@ -161,12 +161,14 @@ async def open_job_store(api: KubeApi, namespace: str, spec: StreamJobSpec) -> S
     url = spec.state_store.url
     if not url:
         raise ValueError("spec.stateStore.url is required on Kubernetes")
-    password = None
+    password = ca_data = None
     if spec.state_store.secret_ref:
-        password = await api.read_secret_key(
-            namespace, spec.state_store.secret_ref, "password", "stateStore.secretRef"
-        )
-    return open_store(url, password=password)
+        secret = spec.state_store.secret_ref
+        password = await api.read_secret_key(namespace, secret, "password", "stateStore.secretRef")
+        # the CA of a TLS store with its own (the chart's managed Valkey), if any
+        with contextlib.suppress(KeyError):
+            ca_data = await api.read_secret_key(namespace, secret, "ca.crt", "stateStore.secretRef")
+    return open_store(url, password=password, ca_data=ca_data)
 
 
 class JobRunner:

@@ -148,6 +148,9 @@ def worker_container(raw: Obj, spec: StreamJobSpec) -> Obj:
     ]
     if spec.state_store.secret_ref:
         env.append({"name": "KEYSHIFT_STORE_PASSWORD_FILE", "value": f"{SECRET_DIR}/password"})
+        # the CA of a TLS store with its own (the chart's managed Valkey); the worker
+        # ignores the file when the Secret has no `ca.crt`
+        env.append({"name": "KEYSHIFT_STORE_CA_FILE", "value": f"{SECRET_DIR}/ca.crt"})
         mounts.append({"name": "store-secret", "mountPath": SECRET_DIR, "readOnly": True})
     env.extend(copy.deepcopy(raw.get("env") or []))
     container: Obj = {
@@ -191,12 +194,16 @@ def worker_statefulset(body: Obj, spec: StreamJobSpec, replicas: int) -> Obj:
         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
     ]
     if spec.state_store.secret_ref:
+        # the password (the pod waits for it) and, when the Secret has one, the CA
+        # (`ca.crt`) of a TLS store: nothing else of the Secret
+        name = spec.state_store.secret_ref
         volumes.append({
             "name": "store-secret",
-            "secret": {
-                "secretName": spec.state_store.secret_ref,
-                "items": [{"key": "password", "path": "password"}],
-            },
+            "projected": {"sources": [
+                {"secret": {"name": name, "items": [{"key": "password", "path": "password"}]}},
+                {"secret": {"name": name, "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                            "optional": True}},
+            ]},
         })  # fmt: skip
     pod_spec: Obj = {
         "automountServiceAccountToken": False,

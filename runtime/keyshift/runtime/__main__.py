@@ -47,7 +47,10 @@ async def run(args: argparse.Namespace) -> int:
     )
     job = load_job(settings.spec.job, os.environ.get(JOB_PATH_ENV, "").split(os.pathsep))
     store = open_store(
-        settings.store_url, password=settings.store_password, retry_seconds=store_retry_seconds()
+        settings.store_url,
+        password=settings.store_password,
+        ca_file=settings.store_ca_file,
+        retry_seconds=store_retry_seconds(),
     )
     worker = Worker(settings, job, store)
     loop = asyncio.get_running_loop()

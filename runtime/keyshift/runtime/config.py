@@ -724,6 +724,8 @@ class WorkerSettings(Model):
     ordinal: int = Field(ge=0)
     store_url: str
     store_password: str | None = Field(default=None, repr=False)
+    store_ca_file: str | None = None
+    """The CA (PEM) that signed a TLS store's certificate (``KEYSHIFT_STORE_CA_FILE``)."""
     http_host: str = "127.0.0.1"
     http_port: int | None = Field(default=None, ge=0, le=65535)
     """``None``: no HTTP server; 0: any free port."""
@@ -781,11 +783,15 @@ def settings_from(
     password = env.get("KEYSHIFT_STORE_PASSWORD")
     if password_file:
         password = Path(password_file).read_text().strip()
+    # the operator points every worker with a store Secret at its `ca.crt`; a Secret
+    # without one (a store whose certificate the system's CAs verify, or no TLS) is fine
+    ca_file = env.get("KEYSHIFT_STORE_CA_FILE")
     return WorkerSettings(
         manifest=manifest,
         ordinal=ordinal,
         store_url=url,
         store_password=password or None,
+        store_ca_file=ca_file if ca_file and Path(ca_file).is_file() else None,
         http_port=http_port,
         output_dir=str(output_dir or env.get(OUTPUT_DIR_ENV) or "") or None,
     )

@@ -2,7 +2,9 @@
 and the store's self-check.
 
 The store is named by ``--url`` or ``$KEYSHIFT_STORE_URL``; a password comes
-from ``--password-file`` or ``$KEYSHIFT_STORE_PASSWORD``, never from the URL.
+from ``--password-file`` or ``$KEYSHIFT_STORE_PASSWORD``, never from the URL. A TLS
+store with its own CA (the chart's managed Valkey with TLS) is verified with
+``--ca-file`` or ``$KEYSHIFT_STORE_CA_FILE`` (the ``ca.crt`` of the store's Secret).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def add_store_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     def with_store(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--url", default=os.environ.get("KEYSHIFT_STORE_URL"), help="store URL")
         p.add_argument("--password-file", type=Path, help="file holding the store password")
+        _ca_option(p)
         return p
 
     check = commands.add_parser(
@@ -48,6 +51,7 @@ def add_store_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     )
     check.add_argument("--url", default=None, help="check this store instead of an embedded one")
     check.add_argument("--password-file", type=Path)
+    _ca_option(check)
     check.set_defaults(handler=_selfcheck)
 
     listing = with_store(commands.add_parser("list", help="a job's key groups"))
@@ -77,6 +81,13 @@ def add_store_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     delete.set_defaults(handler=_delete)
 
 
+def _ca_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ca-file", default=os.environ.get("KEYSHIFT_STORE_CA_FILE"),
+        help="CA (PEM) of a TLS store's certificate (or KEYSHIFT_STORE_CA_FILE)",
+    )  # fmt: skip
+
+
 def _password(args: argparse.Namespace) -> str | None:
     if args.password_file is not None:
         return str(Path(args.password_file).read_text().strip())
@@ -86,7 +97,9 @@ def _password(args: argparse.Namespace) -> str | None:
 def _open(args: argparse.Namespace) -> RedisStateStore:
     if not args.url:
         raise SystemExit("no store given: pass --url or set KEYSHIFT_STORE_URL")
-    return open_store(args.url, password=_password(args), retry_seconds=10)
+    return open_store(
+        args.url, password=_password(args), ca_file=args.ca_file or None, retry_seconds=10
+    )
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -273,15 +286,15 @@ def _selfcheck(args: argparse.Namespace) -> int:
         table.add_row(name, "[green]ok[/green]" if passed else "[red]FAILED[/red]",
                       f"{seconds * 1000:.1f}")  # fmt: skip
 
-    async def run(url: str, password: str | None) -> bool:
-        store = open_store(url, password=password, retry_seconds=10)
+    async def run(url: str, password: str | None, ca_file: str | None = None) -> bool:
+        store = open_store(url, password=password, ca_file=ca_file, retry_seconds=10)
         try:
             return await run_selfcheck(store, report)
         finally:
             await store.close()
 
     if args.url:
-        ok = asyncio.run(run(args.url, _password(args)))
+        ok = asyncio.run(run(args.url, _password(args), args.ca_file or None))
         where = args.url
     else:
         with tempfile.TemporaryDirectory(prefix="keyshift-selfcheck-") as tmp:

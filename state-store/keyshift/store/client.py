@@ -7,10 +7,16 @@ Valkey/Redis server; ``redis+cluster://host:port[,host:port...]`` and
 Credentials never travel in the URL: a URL with a password is refused.  Pass
 ``password`` (and ``username``), which the worker and operator read from a
 mounted Secret file or the environment.
+
+With TLS the server's certificate is verified (chain and host name) against the
+system's CAs, or against ``ca_file`` (a PEM file) / ``ca_data`` (PEM text) when
+given: the CA of a store with its own CA, as the chart's managed Valkey has (the
+``ca.crt`` key of the store's Secret).
 """
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
@@ -70,11 +76,22 @@ def open_store(
     password: str | None = None,
     socket_timeout: float = 5.0,
     retry_seconds: float = 30.0,
+    ca_file: str | None = None,
+    ca_data: str | None = None,
 ) -> RedisStateStore:
-    """A :class:`~keyshift.store.redis_backend.RedisStateStore` for ``url`` (connects lazily)."""
+    """A :class:`~keyshift.store.redis_backend.RedisStateStore` for ``url`` (connects lazily).
+
+    ``ca_file``/``ca_data``: the CA (PEM) that signed a TLS store's certificate; ignored
+    for a ``redis://`` URL.
+    """
     scheme, nodes, db = parse_store_url(url)
     tls = scheme.startswith("rediss")
     connection_class = HiredisSSLConnection if tls else HiredisConnection
+    tls_kwargs: dict[str, Any] = {}
+    if tls and ca_file:
+        tls_kwargs["ssl_ca_certs"] = ca_file
+    if tls and ca_data:
+        tls_kwargs["ssl_ca_data"] = ca_data
     if scheme.endswith("+cluster"):
         cluster = RedisCluster(
             startup_nodes=[ClusterNode(h, p, connection_class=connection_class) for h, p in nodes],
@@ -86,8 +103,10 @@ def open_store(
             # the cluster client follows MOVED and failovers itself; the store's
             # own retry loop covers outages beyond that
             retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 3),
+            **tls_kwargs,
         )
         # nodes found later are built from these keyword arguments
+        # (the CA included: RedisCluster puts the ssl_* arguments there)
         cluster.nodes_manager.connection_kwargs["connection_class"] = connection_class
         return RedisStateStore(cluster, cluster=True, retry_seconds=retry_seconds, url=url)
     host, port = nodes[0]
@@ -101,6 +120,7 @@ def open_store(
         socket_timeout=socket_timeout,
         socket_connect_timeout=socket_timeout,
         retry=Retry(NoBackoff(), 0),
+        **tls_kwargs,
     )
     client = aioredis.Redis(connection_pool=pool)
     return RedisStateStore(client, cluster=False, retry_seconds=retry_seconds, url=url)
