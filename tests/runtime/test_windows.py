@@ -15,7 +15,7 @@ import pytest
 
 from examples import revenue_per_minute, sessions
 from keyshift.controller.assignment import plan_assignment
-from keyshift.runtime.api import Job, StateSpec, encode_key, load_job
+from keyshift.runtime.api import BytesAccess, Job, StateSpec, encode_key, load_job
 from keyshift.runtime.config import GeneratorSource, StreamJob, load_manifest, settings_from
 from keyshift.runtime.expected import revenue_per_minute_results, sessions_results
 from keyshift.runtime.sources.generator import Event
@@ -147,7 +147,7 @@ def test_advance_fires_once_and_drops_after_the_lateness() -> None:
 # -- the job, driven record by record --------------------------------------------------------
 
 
-class Driver:
+class Driver(BytesAccess):
     """Runs a job the way a key group does, in memory: each record is processed with the
     watermark of the records before it; then the watermark advances to the record's time
     minus ``out_of_orderness_ms`` and the due event-time timers fire in (time, key) order.

@@ -22,8 +22,10 @@ the runtime loads it again.
 
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
+from typing import Final
 
 ENTRY_OVERHEAD = 240
 """Bytes charged per entry on top of key and value: the slot tuple, the dict and LRU
@@ -82,14 +84,12 @@ class StateCache:
         dirty = self._dirty.get(key_group)
         if dirty is not None:
             found = dirty.get((state, key), _MISSING)
-            if not isinstance(found, _Missing):
+            if found is not _MISSING:
                 return found
-        slot = (key_group, state, key)
-        try:
-            value = self._clean[slot]
-        except KeyError:
-            raise CacheMiss(slot) from None
-        return value
+        found = self._clean.get((key_group, state, key), _MISSING)
+        if found is _MISSING:
+            raise CacheMiss((key_group, state, key))
+        return found
 
     def contains(self, key_group: int, state: str, key: bytes) -> bool:
         dirty = self._dirty.get(key_group)
@@ -160,19 +160,33 @@ class StateCache:
 
     def put(self, key_group: int, state: str, key: bytes, value: bytes | None) -> None:
         """Write (``None``: delete) a value; it stays dirty until committed."""
-        self._forget_clean((key_group, state, key))
+        # the hot path: one record's write; inlined _forget_clean and entry_size
+        clean_value = self._clean.pop((key_group, state, key), _MISSING)
+        if clean_value is not _MISSING:
+            self.clean_bytes -= ENTRY_OVERHEAD + len(key) + len(clean_value or b"")
+            self._unindex((key_group, state, key))
         dirty = self._dirty.get(key_group)
         if dirty is None:
             dirty = self._dirty[key_group] = {}
-        size = entry_size(key, value)
-        previous = dirty.get((state, key), _MISSING)
-        if not isinstance(previous, _Missing):
-            size -= entry_size(key, previous)
-        dirty[(state, key)] = value
-        self.dirty_bytes += size
-        self._dirty_bytes_by_kg[key_group] = self._dirty_bytes_by_kg.get(key_group, 0) + size
-        if size > 0 and self.total_bytes > self.max_bytes:
-            self.evict()
+        slot = (state, key)
+        previous = dirty.get(slot, _MISSING)
+        size = len(value) if value is not None else 0
+        if previous is _MISSING:
+            size += ENTRY_OVERHEAD + len(key)
+        else:
+            size -= len(previous or b"")
+        dirty[slot] = value
+        if size:
+            self.dirty_bytes += size
+            by_kg = self._dirty_bytes_by_kg
+            by_kg[key_group] = by_kg.get(key_group, 0) + size
+            if size > 0 and self.clean_bytes + self.dirty_bytes > self.max_bytes:
+                self.evict()
+
+    def put_key(self, key_group: int, key: bytes, values: Mapping[str, bytes | None]) -> None:
+        """:meth:`put` of one key's values of several states."""
+        for state, value in values.items():
+            self.put(key_group, state, key, value)
 
     def dirty_changes(
         self, key_group: int
@@ -213,7 +227,7 @@ class StateCache:
 
     def _forget_clean(self, slot: Slot) -> None:
         old = self._clean.pop(slot, _MISSING)
-        if not isinstance(old, _Missing):
+        if old is not _MISSING:
             self.clean_bytes -= entry_size(slot[2], old)
             self._unindex(slot)
 
@@ -225,8 +239,10 @@ class StateCache:
                 del self._clean_by_kg[slot[0]]
 
 
-class _Missing:
-    pass
+class _Missing(enum.Enum):
+    """Not cached (as opposed to ``None``: cached as absent from the store)."""
+
+    MISSING = enum.auto()
 
 
-_MISSING = _Missing()
+_MISSING: Final = _Missing.MISSING

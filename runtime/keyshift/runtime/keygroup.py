@@ -15,12 +15,12 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from keyshift.runtime.aio import wait_event
-from keyshift.runtime.api import CorruptState, Job, decode_key, encode_key
+from keyshift.runtime.api import IMMUTABLE_TYPES, CorruptState, Job, decode_key, encode_key
 from keyshift.runtime.cache import CacheMiss, StateCache
 from keyshift.runtime.faults import crash_point
 from keyshift.runtime.metrics import WorkerMetrics
@@ -97,6 +97,9 @@ class RuntimeDeps:
     idle_timeout: float = 10.0
 
 
+_UNSET: Any = object()
+
+
 class _NotLoaded(BaseException):
     """A declared state of the current key was evicted before use: reload, retry the record.
 
@@ -106,11 +109,21 @@ class _NotLoaded(BaseException):
 
 
 class RecordContext:
-    """The ``ctx`` of a process function; reused for every record of a key group."""
+    """The ``ctx`` of a process function; reused for every record of a key group.
+
+    A record's state writes are pending until it succeeds (:meth:`apply`); then they
+    join the batch's writes, which reach the cache once per key and state at the end
+    of the batch (:meth:`flush`), not once per record. Decoded values of immutable
+    types (numbers, strings, ...) are remembered for the batch, so a key's value is
+    decoded once per batch rather than once per record; mutable ones are decoded anew
+    on every read, so that a value changed in place but not updated changes nothing.
+    """
 
     __slots__ = (
+        "_batch",
         "_cache",
         "_declared",
+        "_decoded",
         "_handles",
         "_key",
         "_key_bytes",
@@ -118,6 +131,7 @@ class RecordContext:
         "_offset",
         "_outputs",
         "_pending",
+        "_pending_values",
         "_timers",
         "_timestamp",
         "_watermark",
@@ -138,6 +152,12 @@ class RecordContext:
         self._key_bytes = b""
         self._offset = 0
         self._pending: dict[str, bytes | None] = {}
+        self._pending_values: dict[str, Any] = {}
+        """Decoded immutable values among ``_pending`` (``update`` of a ValueState)."""
+        self._batch: dict[bytes, dict[str, bytes | None]] = {}
+        """The batch's applied writes, not yet in the cache: key -> state -> value."""
+        self._decoded: dict[bytes, dict[str, Any]] = {}
+        """Decoded immutable values of the batch's keys: key -> state -> value."""
         self._outputs: list[Any] = []
         self._timers = TimerService()
         self._timestamp: int | None = None
@@ -154,6 +174,7 @@ class RecordContext:
             self._timers.ops = []
         if self._pending:
             self._pending = {}
+            self._pending_values = {}
         if self._outputs:
             self._outputs = []
 
@@ -198,6 +219,9 @@ class RecordContext:
         pending = self._pending
         if state in pending:
             return pending[state]
+        written = self._batch.get(self._key_bytes)
+        if written is not None and state in written:
+            return written[state]
         try:
             return self._cache.get(self._kg, state, self._key_bytes)
         except CacheMiss:
@@ -205,6 +229,74 @@ class RecordContext:
 
     def write(self, state: str, value: bytes | None) -> None:
         self._pending[state] = value
+
+    def read_value(self, state: str, decode: Callable[[bytes], Any], default: Any) -> Any:
+        if state in self._pending:  # written by this record (rare): as stored
+            raw = self._pending[state]
+            return default if raw is None else decode(raw)
+        kb = self._key_bytes
+        decoded = self._decoded.get(kb)
+        if decoded is not None and state in decoded:
+            return decoded[state]
+        raw = self.read(state)
+        value = default if raw is None else decode(raw)
+        if type(value) in IMMUTABLE_TYPES:
+            if decoded is None:
+                self._decoded[kb] = {state: value}
+            else:
+                decoded[state] = value
+        return value
+
+    def write_value(self, state: str, raw: bytes | None, value: Any, shareable: bool) -> None:
+        self._pending[state] = raw
+        if shareable:
+            self._pending_values[state] = value
+        elif self._pending_values:
+            self._pending_values.pop(state, None)
+
+    # -- the runner's side ----------------------------------------------------------
+    def apply(self) -> None:
+        """The current record (or timer) succeeded: its writes join the batch's (the
+        pending dicts are the record's own: :meth:`begin` starts new ones)."""
+        kb = self._key_bytes
+        pending = self._pending
+        written = self._batch.get(kb)
+        if written is None:
+            self._batch[kb] = pending
+        else:
+            written.update(pending)
+        values = self._pending_values
+        decoded = self._decoded.get(kb)
+        if decoded is None:
+            if values:
+                self._decoded[kb] = values
+        else:
+            if len(values) != len(pending):  # a write of a value that is not shared
+                for state in pending:
+                    if state not in values:
+                        decoded.pop(state, None)
+            decoded.update(values)
+
+    def flush(self) -> None:
+        """Put the batch's writes into the cache (dirty until the next commit)."""
+        batch = self._batch
+        if batch:
+            put_key = self._cache.put_key
+            kg = self._kg
+            for kb, values in batch.items():
+                put_key(kg, kb, values)
+            self._batch = {}
+
+    def new_batch(self) -> None:
+        """Forget the decoded values: a new batch reads from the cache again."""
+        self.flush()
+        if self._decoded:
+            self._decoded = {}
+
+    def discard(self) -> None:
+        """Forget the batch's writes and decoded values (the cache was dropped)."""
+        self._batch = {}
+        self._decoded = {}
 
 
 class UserFunctionError(Exception):
@@ -464,11 +556,20 @@ class KeyGroupRunner:
         return waited
 
     def _process(self, batch: SourceBatch, keys: Sequence[Hashable], key_bytes: list[bytes]) -> int:
+        """Run the user function over the batch's records; the number processed."""
+        self._ctx.new_batch()
+        try:
+            return self._process_records(batch, keys, key_bytes)
+        finally:
+            self._ctx.flush()
+
+    def _process_records(
+        self, batch: SourceBatch, keys: Sequence[Hashable], key_bytes: list[bytes]
+    ) -> int:
         deps = self.deps
         kg = self.key_group
         ctx = self._ctx
         process = deps.job.process
-        cache = deps.cache
         outputs = deps.outputs
         offset = self.position
         done = 0
@@ -525,8 +626,8 @@ class KeyGroupRunner:
                     break
                 continue
             kb = key_bytes[i]
-            for state, value in ctx._pending.items():
-                cache.put(kg, state, kb, value)
+            if ctx._pending:
+                ctx.apply()
             if ctx._outputs:
                 outputs.emit_all(kg, offset, ctx._key, ctx._outputs)
             if ctx._timers.ops:
@@ -568,6 +669,7 @@ class KeyGroupRunner:
         deps = self.deps
         self.failed = CorruptStateError(self.key_group, offset, key, exc)
         deps.cache.drop(self.key_group)
+        self._ctx.discard()
         log.error(
             "%s; key group %d stopped at its last commit (position %d), whatever the "
             "errorPolicy: repair or delete the value, then move or restart the key group",
@@ -641,10 +743,15 @@ class KeyGroupRunner:
     def _fire(self, queue: str, until: int) -> bool:
         """Fire ``queue``'s timers up to ``until`` in (time, key) order; False: a timer's
         key is not loaded (or a user error stopped the key group), retry next step."""
+        try:
+            return self._fire_timers(queue, until)
+        finally:
+            self._ctx.flush()
+
+    def _fire_timers(self, queue: str, until: int) -> bool:
         deps = self.deps
         kg = self.key_group
         ctx = self._ctx
-        cache = deps.cache
         outputs = deps.outputs
         on_timer = deps.job.on_timer
         assert on_timer is not None
@@ -677,8 +784,8 @@ class KeyGroupRunner:
                     timers.pop_fired(queue, kb, time_ms, member)
                     continue
                 timers.pop_fired(queue, kb, time_ms, member)
-                for state, value in ctx._pending.items():
-                    cache.put(kg, state, kb, value)
+                if ctx._pending:
+                    ctx.apply()
                 if ctx._outputs:
                     origin = TimerOrigin(queue, time_ms, key)
                     outputs.emit_all(kg, self.position, key, ctx._outputs, origin)
