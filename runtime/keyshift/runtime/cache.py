@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from typing import Final
 
 ENTRY_OVERHEAD = 240
@@ -93,10 +93,14 @@ class StateCache:
     def contains(self, key_group: int, state: str, key: bytes) -> bool:
         return (key_group, state, key) in self._entries
 
-    def missing(self, key_group: int, state: str, keys: Iterable[bytes]) -> list[bytes]:
+    def missing(
+        self, key_group: int, state: str, keys: Collection[bytes], *, repeats: int = 0
+    ) -> list[bytes]:
         """Keys not cached, in first-seen order; touches (and counts) the cached ones.
 
-        Each key counts one hit or one miss per call.
+        Each key counts one hit or one miss per call. ``repeats``: how many reads the
+        (distinct) ``keys`` stand for, when more than one each: the others count as
+        hits (they find what the first loaded).
         """
         entries = self._entries
         touch = entries.move_to_end
@@ -113,7 +117,7 @@ class StateCache:
             else:
                 seen.add(key)
                 out.append(key)
-        self.hits += hits
+        self.hits += hits + max(0, repeats - len(keys))
         self.misses += len(out)
         return out
 
@@ -171,36 +175,39 @@ class StateCache:
 
     def put(self, key_group: int, state: str, key: bytes, value: bytes | None) -> None:
         """Write (``None``: delete) a value; it stays dirty until committed."""
+        self.put_key(key_group, key, {state: value})
+
+    def put_key(self, key_group: int, key: bytes, values: Mapping[str, bytes | None]) -> None:
+        """:meth:`put` of one key's values of several states (the end of a batch)."""
         entries = self._entries
-        slot = (key_group, state, key)
-        old = entries.get(slot, _MISSING)
-        entries[slot] = value
-        entries.move_to_end(slot)
         dirty = self._dirty.get(key_group)
         if dirty is None:
             dirty = self._dirty[key_group] = {}
-        size = len(value) if value is not None else 0
-        if slot in dirty:
-            size -= len(old or b"") if old is not _MISSING else 0
-        else:
-            dirty[slot] = None
-            self._dirty_count += 1
-            size += ENTRY_OVERHEAD + len(key)
-            if old is _MISSING:
-                self._by_kg.setdefault(key_group, set()).add(slot)
+        key_cost = ENTRY_OVERHEAD + len(key)
+        size = clean_freed = 0
+        for state, value in values.items():
+            slot = (key_group, state, key)
+            old = entries.get(slot, _MISSING)
+            entries[slot] = value
+            entries.move_to_end(slot)
+            size += len(value) if value is not None else 0
+            if slot in dirty:
+                size -= len(old or b"") if old is not _MISSING else 0
             else:
-                self.clean_bytes -= ENTRY_OVERHEAD + len(key) + len(old or b"")
+                dirty[slot] = None
+                self._dirty_count += 1
+                size += key_cost
+                if old is _MISSING:
+                    self._by_kg.setdefault(key_group, set()).add(slot)
+                else:
+                    clean_freed += key_cost + len(old or b"")
+        self.clean_bytes -= clean_freed
         if size:
             self.dirty_bytes += size
             by_kg = self._dirty_bytes_by_kg
             by_kg[key_group] = by_kg.get(key_group, 0) + size
         if self.clean_bytes + self.dirty_bytes > self.max_bytes:
             self.evict()
-
-    def put_key(self, key_group: int, key: bytes, values: Mapping[str, bytes | None]) -> None:
-        """:meth:`put` of one key's values of several states."""
-        for state, value in values.items():
-            self.put(key_group, state, key, value)
 
     def dirty_changes(
         self, key_group: int

@@ -544,9 +544,10 @@ class KeyGroupRunner:
         deps = self.deps
         cache = deps.cache
         states = deps.job.state_names
-        protect = len(set(key_bytes)) * len(states)
+        unique = list(dict.fromkeys(key_bytes))  # a hot key once per batch
+        protect = len(unique) * len(states)
         for state in states:
-            missing = cache.missing(self.key_group, state, key_bytes)
+            missing = cache.missing(self.key_group, state, unique, repeats=len(key_bytes))
             if missing:
                 before = time.perf_counter()
                 found = await deps.store.get_many(deps.job_name, self.key_group, state, missing)
