@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 from keyshift.controller.assignment import plan_assignment
 from keyshift.controller.k8s_status import job_status
@@ -200,3 +201,25 @@ def test_resume_restarts_the_workers_of_the_asked_stopped_key_groups() -> None:
     assert workers_to_restart(failed, None) == ({"j-worker-0": [0], "j-worker-1": [1, 3]}, [])
     assert workers_to_restart(failed, [3, 5]) == ({"j-worker-1": [3]}, [5])
     assert workers_to_restart([], None) == ({}, [])
+
+
+def test_a_streamjob_whose_bounded_input_is_all_processed_is_finished() -> None:
+    ready = {0: WorkerInfo(0, "j-worker-0", running=True, ready=True, not_ready_since=None)}
+
+    def status(finished: bool, failed: tuple[FailedKeyGroup, ...] = ()) -> dict[str, Any]:
+        return job_status(
+            assignment=Assignment(1, 1, (0, 0)), workers=ready,
+            record=ControllerRecord(job="j"), selector="s", previous_conditions=[],
+            observed_generation=1, error=None, at=1_700_000_000.0, finished=finished,
+            failed=failed,
+        )  # fmt: skip
+
+    done = status(True)
+    assert done["phase"] == "Finished"
+    conditions = {c["type"]: c for c in done["conditions"]}
+    assert conditions["Finished"]["status"] == "True"
+    assert conditions["Finished"]["reason"] == "InputProcessed"
+    assert conditions["Ready"]["status"] == "True"
+    assert status(False)["phase"] == "Running"
+    stopped = (FailedKeyGroup(1, "j-worker-0", "user-function", 1.0, 3),)
+    assert status(True, stopped)["phase"] == "Degraded"  # a stopped key group is not done
