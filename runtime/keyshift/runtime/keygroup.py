@@ -437,7 +437,11 @@ class KeyGroupRunner:
             while True:
                 try:
                     if self.release_generation is not None:
-                        self.handoff_marks.setdefault("batch_ended", time.time())
+                        if "batch_ended" not in self.handoff_marks:
+                            # a checkpoint during the batch flushed and committed before
+                            self.handoff_marks.pop("flushed", None)
+                            self.handoff_marks.pop("committed", None)
+                            self.handoff_marks["batch_ended"] = time.time()
                         await self._release(self.release_generation)
                         return RunnerResult(kg, Outcome.RELEASED)
                     if self.stopping:
