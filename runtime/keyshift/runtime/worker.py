@@ -507,6 +507,8 @@ class Worker:
                 delay = self.claim_poll_seconds
                 try:
                     info = await self.store.key_group_info(self.job_name, kg)
+                    if via in ("found", "polled"):  # it knows when the store's answer comes
+                        learned = time.time()
                     if may_claim(store_owner=info.owner, me=self.name, forced=forced):
                         if forced:
                             via = "forced"
