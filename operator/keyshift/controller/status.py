@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from keyshift.controller.assignment import describe_ranges, key_groups_of
 from keyshift.controller.metrics_provider import FailedKeyGroup, LoadSample
 from keyshift.controller.pool import WorkerInfo
@@ -25,6 +27,7 @@ def rescale_summary(r: Rescale) -> dict[str, Any]:
         "phase": r.phase,
         "duration_seconds": None if r.duration_seconds is None else round(r.duration_seconds, 4),
         "max_pause_seconds": r.max_pause_seconds,
+        "handoff": None if r.handoff is None else msgspec.to_builtins(r.handoff),
         "moved_key_groups": r.moved_key_groups,
         "steps": {s.phase: s.seconds for s in r.steps},
         "outcome": r.outcome,

@@ -38,7 +38,7 @@ from keyshift.runtime.timers import (
     Watermark,
     decode_member,
 )
-from keyshift.store.protocol import Claim, Fenced, StoreUnavailable
+from keyshift.store.protocol import Claim, Fenced, StoreError, StoreUnavailable
 
 log = logging.getLogger("keyshift.runtime")
 
@@ -344,7 +344,9 @@ Failure = UserFunctionError | PoisonRecordError | CorruptStateError
 
 
 class KeyGroupRunner:
-    def __init__(self, deps: RuntimeDeps, claim: Claim) -> None:
+    def __init__(
+        self, deps: RuntimeDeps, claim: Claim, *, learned: float | None = None, via: str = ""
+    ) -> None:
         self.deps = deps
         self.key_group = claim.key_group
         self.epoch = claim.epoch
@@ -379,11 +381,20 @@ class KeyGroupRunner:
         self.timers_fired = 0
         self._ctx = RecordContext(self.key_group, deps.cache, deps.job.state_names, self.watermark)
         self.records_processed = 0
+        self.handoff_marks: dict[str, float] = {} if learned is None else {"learned": learned}
+        """This owner's handoff timeline (unix times): after the claim ``learned`` (of the
+        release), ``loaded``, ``first_batch`` (recorded in the store after the first batch);
+        when releasing ``release_requested``, ``batch_ended``, ``flushed``, ``committed``
+        (sent with the release)."""
+        self._via = via
+        self._handoff_recorded = False
 
     # -- control (called by the worker) -----------------------------------------
 
     def request_release(self, generation: int) -> None:
         """Finish the batch, flush, commit, mark released at ``generation``, drop the cache."""
+        if self.release_generation is None:
+            self.handoff_marks = {"release_requested": time.time()}
         self.release_generation = generation
         self._wake.set()
 
@@ -426,6 +437,11 @@ class KeyGroupRunner:
             while True:
                 try:
                     if self.release_generation is not None:
+                        if "batch_ended" not in self.handoff_marks:
+                            # a checkpoint during the batch flushed and committed before
+                            self.handoff_marks.pop("flushed", None)
+                            self.handoff_marks.pop("committed", None)
+                            self.handoff_marks["batch_ended"] = time.time()
                         await self._release(self.release_generation)
                         return RunnerResult(kg, Outcome.RELEASED)
                     if self.stopping:
@@ -506,6 +522,8 @@ class KeyGroupRunner:
                 )
             else:
                 until_checkpoint = IDLE_SECONDS
+            if not self._handoff_recorded:
+                await self._record_handoff(time.time(), None)
             await self._wait(max(0.001, min(until_data, until_checkpoint)))
             return
         # busy: the time spent on this batch on the event loop, store round trips excluded
@@ -526,17 +544,37 @@ class KeyGroupRunner:
             keys = [key_by(r) for r in batch.records]
         key_bytes = [encode_key(k) for k in keys]
         waited = await self._load(key_bytes)
+        loaded = 0.0 if self._handoff_recorded else time.time()
         try:
             done = self._process(batch, keys, key_bytes)
         finally:
             busy = time.perf_counter() - started - waited - waited_timers
             deps.metrics.busy_seconds.inc(max(0.0, busy))
         deps.metrics.records_processed.inc(done)
+        if not self._handoff_recorded:
+            await self._record_handoff(loaded, time.time())
         if self.failed is not None:
             await self._checkpoint_failed()
         elif due or deps.cache.needs_checkpoint:
             await self.checkpoint()
         await asyncio.sleep(0)  # let the other key groups and the watcher run
+
+    async def _record_handoff(self, loaded: float, first_batch: float | None) -> None:
+        """Record in the store, once after the claim, when this owner learned of the
+        release, loaded the first batch's state and processed it (a diagnostic: the
+        controller's rescale record shows it; a failure to record changes nothing)."""
+        self._handoff_recorded = True
+        marks = {**self.handoff_marks, "loaded": loaded}
+        if first_batch is not None:
+            marks["first_batch"] = first_batch
+        deps = self.deps
+        try:
+            await deps.store.record_handoff(
+                deps.job_name, self.key_group, epoch=self.epoch, token=self.token,
+                marks=marks, via=self._via,
+            )  # fmt: skip
+        except StoreError as exc:
+            log.debug("key group %d: handoff marks not recorded: %s", self.key_group, exc)
 
     async def _load(self, key_bytes: list[bytes]) -> float:
         """Load the batch's missing state entries; return the seconds spent waiting."""
@@ -803,6 +841,8 @@ class KeyGroupRunner:
         if not self._uncommitted():
             return
         await deps.outputs.flush(kg)
+        if self.release_generation is not None:
+            self.handoff_marks["flushed"] = time.time()
         puts, deletes = deps.cache.dirty_changes(kg)
         timer_changes = self.timers.changes()
         watermark = self.watermark.value
@@ -827,6 +867,8 @@ class KeyGroupRunner:
             raise
         self._commit_in_doubt = False
         crash_point("commit.after")
+        if self.release_generation is not None:
+            self.handoff_marks["committed"] = time.time()
         deps.metrics.commit_duration.observe(time.perf_counter() - started)
         self._fence_checked = time.monotonic()
         self.confirmed = True
@@ -855,6 +897,9 @@ class KeyGroupRunner:
         deps = self.deps
         if self.failed is None:
             await self.checkpoint()
+        marks = self.handoff_marks
+        marks.setdefault("flushed", marks["batch_ended"])  # nothing was left to flush
+        marks.setdefault("committed", marks["flushed"])  # nor to commit
         crash_point("release.before")
         stored_seq = await deps.store.release(
             deps.job_name,
@@ -863,6 +908,7 @@ class KeyGroupRunner:
             token=self.token,
             generation=generation,
             seq=self.seq,
+            marks=marks,
         )
         if stored_seq != self.seq:
             deps.metrics.commits_lost.inc()
