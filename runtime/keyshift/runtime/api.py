@@ -18,7 +18,8 @@ Outputs go to ``ctx.emit(value)``, or to a named side output with
 
 Values are serialised with msgpack (msgspec), decoded to the declared type.
 A record's state changes and outputs are applied only if the function returns;
-if it raises, none of them happen (see ``errorPolicy``).
+if it raises, none of them happen (see ``errorPolicy``).  To test a job in memory,
+over a list of records with timers and watermarks: :mod:`keyshift.runtime.testing`.
 """
 
 from __future__ import annotations
