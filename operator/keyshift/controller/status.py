@@ -26,6 +26,8 @@ def rescale_summary(r: Rescale) -> dict[str, Any]:
         "duration_seconds": None if r.duration_seconds is None else round(r.duration_seconds, 4),
         "max_pause_seconds": r.max_pause_seconds,
         "moved_key_groups": r.moved_key_groups,
+        "predicted_balance": r.predicted_balance,
+        "load_aware": r.load_aware,
         "steps": {s.phase: s.seconds for s in r.steps},
         "outcome": r.outcome,
         "message": r.message,
