@@ -522,13 +522,15 @@ async def test_handoff_through_prometheus(
             seen.append(got)
             await asyncio.sleep(0.5)
         assert seen[-1].per_worker[0].key_groups_owned == 4
-        # per key group, across the handoff: 100 records/s arriving and processed each
+        # per key group, across the handoff: 100 records/s arriving and processed each,
+        # counted once (not 200 from two workers, nor 50); one key group's rate over a
+        # few scrapes jitters more than the sum's on a loaded machine: within 15%
         for got in seen:
-            assert got.arrival_by_key_group == pytest.approx(dict.fromkeys(range(8), 100), rel=0.05)
+            assert got.arrival_by_key_group == pytest.approx(dict.fromkeys(range(8), 100), rel=0.15)
             assert got.processed_by_key_group == pytest.approx(
-                dict.fromkeys(range(8), 100), rel=0.05
+                dict.fromkeys(range(8), 100), rel=0.15
             )
-            assert key_group_load(got, 8) == pytest.approx((100,) * 8, rel=0.05)
+            assert key_group_load(got, 8) == pytest.approx((100,) * 8, rel=0.15)
 
         # Overrides: one answering nothing is missing; one that does not parse fails.
         overrides = QueriesSpec.model_validate(
