@@ -594,7 +594,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-kafka", action="store_true", help="no keyshift Kafka-source row")
     p.add_argument("--no-results-md", action="store_true")
-    p.add_argument("--note", action="append", help="a line added under the figures")
+    p.add_argument(
+        "--note", action="append", help="a paragraph added under the figures (kept in the JSON)"
+    )
     p.add_argument("--replot", action="store_true")
     p.add_argument("--output", type=Path, help=f"results JSON (default {RESULTS.name})")
     p.add_argument("--plot", type=Path, help=f"plot PNG (default {PLOT.name})")
@@ -619,8 +621,9 @@ def main(argv: list[str] | None = None) -> int:
         data = run_throughput_only(args)
     else:
         data = run(args)
-    if args.note:
-        data["notes"] = args.note
+    if args.note:  # added to the saved notes (a --replot or --only-throughput keeps them)
+        notes = list(data.get("notes") or [])
+        data["notes"] = notes + [n for n in args.note if n not in notes]
         args.output.write_text(json.dumps(data, indent=1) + "\n")
     plot(data, args.plot)
     section = markdown(data, args.plot.name)
