@@ -368,6 +368,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--no-kafka", action="store_true", help="skip the Kafka-source row")
     p.add_argument("--output", type=Path, default=RESULTS)
     p.add_argument("--write-results-md", action="store_true")
+    p.add_argument("--replot", action="store_true", help="the section from the saved --output")
+    p.add_argument(
+        "--note", action="append", help="a paragraph added under the figures (kept in the JSON)"
+    )
     args = p.parse_args()
     args.argv = sys.argv[1:]
     return args
@@ -386,6 +390,7 @@ def results_section(r: dict[str, Any]) -> str:
         + f" | {x['worker_cores']:.2f} | {x['cache_hit_ratio']:.2%} |"
         for x in r["rows"]
     )  # fmt: skip
+    notes = "".join(f"\n{n}\n" for n in r.get("notes") or [])
     kafka = ""
     if "kafka_records_per_second" in r:
         kafka = (
@@ -421,12 +426,18 @@ Per round (records/s, in-process / Valkey): {r["rounds"]["in_process_records_per
 {r["rounds"]["remote_records_per_second"]}.{kafka}
 
 Target (remote >= 80% of in-process with >= 95% cache hits): {"met" if met else "NOT met"}.
-"""
+{notes}"""
 
 
 if __name__ == "__main__":
     arguments = parse_args()
-    result = asyncio.run(main(arguments))
+    if arguments.replot:
+        result = json.loads(arguments.output.read_text())
+    else:
+        result = asyncio.run(main(arguments))
+    if arguments.note:
+        notes = list(result.get("notes") or [])
+        result["notes"] = notes + [n for n in arguments.note if n not in notes]
     arguments.output.parent.mkdir(parents=True, exist_ok=True)
     arguments.output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {arguments.output}")
