@@ -152,11 +152,16 @@ def machine() -> dict[str, Any]:
 
 def run_throughput_only(args: argparse.Namespace) -> dict[str, Any]:
     """Measure the throughput rows again; keep the rescale and failover rows of the saved
-    results (their command is kept and this one added)."""
+    results (their command is kept and this one added), and the throughput rows of a
+    system left out (``--no-keyshift``, ``--no-flink``)."""
     started = time.monotonic()
     data: dict[str, Any] = json.loads(args.output.read_text())
     command = "python -m benchmarks.compare" + "".join(f" {a}" for a in sys.argv[1:])
-    data["throughput_command"] = command
+    data["throughput_command"] = (
+        f"{data['throughput_command']}; then {command}"
+        if data.get("throughput_command") and (args.no_keyshift or args.no_flink)
+        else command
+    )
     data["throughput_machine"] = machine()
     data["config"] |= {
         "throughput_keys": args.throughput_keys,
@@ -183,7 +188,9 @@ def run_throughput_only(args: argparse.Namespace) -> dict[str, Any]:
                 )
         finally:
             clusters.stop()
-    data["throughput"] = rows
+    measured = {r["system"] for r in rows}
+    kept = [r for r in data.get("throughput", []) if r["system"] not in measured]
+    data["throughput"] = sorted(kept + rows, key=lambda r: r["system"] != "keyshift")
     seconds = data.get("run_seconds", 0.0)
     data["throughput_run_seconds"] = round(time.monotonic() - started, 1)
     args.output.write_text(json.dumps(data, indent=1) + "\n")

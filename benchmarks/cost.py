@@ -416,6 +416,15 @@ def results_markdown(data: dict[str, Any]) -> str:
                 f"{tv['vs_flink_static']:.2f}x Flink static for the peak (target <= 0.5: "
                 f"{'met' if tv['at_most_half_of_flink_static'] else 'NOT met'})."
             )
+    daily = data["targets"]["keyshift"][DAILY]
+    ks_cap = caps["keyshift"]["records_per_cpu_second"]
+    need = (
+        f"Roughly what keyshift's worker would need for the daily-trace targets, if its "
+        f"CPU-hours scaled with 1 / capacity (they do only roughly: parallelism is whole "
+        f"workers, aligned): {ks_cap * daily['vs_flink_autoscaler']:,.0f} records per CPU "
+        f"second to match Flink's autoscaler and {ks_cap * daily['vs_flink_static'] / 0.5:,.0f} "
+        f"for half of Flink's static provisioning (measured: {ks_cap:,.0f}).\n\n"
+    )
     return (
         f"`{data['command']}` — no processes: `benchmarks/autoscaler_sim.py`'s `simulate` and "
         "policies, each system's `JobModel.worker_capacity` set to its measured records per "
@@ -443,14 +452,20 @@ def results_markdown(data: dict[str, Any]) -> str:
         "Targets (issue 18, keyshift's CPU-hours on the daily trace below Flink's "
         "autoscaler's, and at most half of Flink's static peak provisioning):\n"
         + "\n".join(verdicts)
-        + "\n\n![cost in CPU-hours](cost.png)\n\n"
+        + "\n\n"
+        + need
+        + "![cost in CPU-hours](cost.png)\n\n"
         "What decides these figures: the capacities per CPU second (measured, one machine, "
         "one workload: a counter whose per-record work is small, where Flink's JVM does "
         "more per CPU second than keyshift's Python worker) and the autoscalers' reaction "
         "(simulated: Flink's figures are its default rules on this model, with a 5 min "
         "restart, not a measured Flink job). keyshift's autoscaler follows the load more "
-        "closely; where the ratio to Flink's autoscaler is above 1, the gap in records per "
-        "CPU second outweighs that.\n"
+        "closely and keeps the lag at seconds, where Flink's runs hotter and lets minutes of "
+        "lag build (the cells); where the ratio to Flink's autoscaler is above 1, the gap in "
+        "records per CPU second outweighs that. The capacities were measured on a machine "
+        'shared with other work (the notes under "Side by side with Apache Flink"), '
+        "which moves them by tens of percent between runs; the load scale and whole-worker "
+        "granularity move the CPU-hours too (`--load-scale`).\n"
     )
 
 
