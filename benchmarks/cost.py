@@ -466,6 +466,7 @@ def results_markdown(data: dict[str, Any]) -> str:
         'shared with other work (the notes under "Side by side with Apache Flink"), '
         "which moves them by tens of percent between runs; the load scale and whole-worker "
         "granularity move the CPU-hours too (`--load-scale`).\n"
+        + "".join(f"\n{n}\n" for n in data.get("notes") or [])
     )
 
 
@@ -482,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--no-results-md", action="store_true")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument(
+        "--note", action="append", help="a paragraph added under the figures (kept in the JSON)"
+    )
     args = parser.parse_args(argv)
     compare = json.loads(args.compare.read_text())
     throughput = json.loads(args.throughput.read_text())
@@ -544,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "python": platform.python_version(),
     }
+    if args.note:
+        data["notes"] = list(args.note)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {args.output}")

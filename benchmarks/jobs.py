@@ -34,3 +34,17 @@ def process(event: Event, ctx: Context) -> None:
 rescale_job: Job[Event] = Job(
     name="rescale-bench", process=process, key_by=lambda e: e.key, states=[blob]
 )
+
+
+def busy_process(event: Event, ctx: Context) -> None:
+    """``process`` after ``examples/busy_counter.py``'s CPU work (~250 us per record)."""
+    from examples.busy_counter import work
+
+    work()
+    process(event, ctx)
+
+
+busy_rescale_job: Job[Event] = Job(
+    name="rescale-bench-busy", process=busy_process, key_by=lambda e: e.key, states=[blob]
+)
+"""The loaded case: ``rescale_job`` with a busy counter's CPU cost per record."""

@@ -99,7 +99,7 @@ def write_manifest(path: Path, args: argparse.Namespace, keys: int, sink: str) -
         "kind": "StreamJob",
         "metadata": {"name": JOB},
         "spec": {
-            "job": "benchmarks.jobs:rescale_job",
+            "job": f"benchmarks.jobs:{'busy_rescale_job' if args.busy else 'rescale_job'}",
             "keyGroups": args.key_groups,
             "parallelism": 2,
             "source": {
@@ -373,6 +373,8 @@ class RescaleRun:
     baseline_gap_output: float | None
     """Longest output gap of any key group in an equally long quiet window before."""
     baseline_gap_commits: float | None
+    handoff: dict[str, Any] | None = None
+    """The record's handoff timeline: per step, the median and longest time it took."""
 
 
 @dataclass
@@ -445,6 +447,7 @@ def analyse_rescale(
         unmoved_gap_commits=gaps_commit(unmoved, start, end),
         baseline_gap_output=gaps_out(all_kgs, q_start, q_end) if q_end > q_start else None,
         baseline_gap_commits=gaps_commit(all_kgs, q_start, q_end) if q_end > q_start else None,
+        handoff=record.get("handoff"),
     )
 
 
@@ -822,6 +825,49 @@ def results_markdown(data: dict[str, Any], extras: list[dict[str, Any]] | None =
     return "\n".join(lines)
 
 
+def handoff_markdown(data: dict[str, Any]) -> str:
+    """Where a moved key group's pause goes, step by step, per rescale of the run."""
+    from keyshift.controller.handoffs import STAGES
+
+    cfg = data["config"]
+    lines = [
+        f"`{data['command']}` — `benchmarks.jobs:busy_rescale_job` (the rescale job with "
+        f"`examples/busy_counter.py`'s ~250 us of CPU per record), {cfg['rate']:,.0f} "
+        f"records/s over {cfg['key_groups']} key groups, {data['machine']['nproc']} cores. "
+        "From each rescale's record (`keyshift status --json`, `rescales[].handoff`): per "
+        "step, the time since the step before it over the moved key groups, median / longest "
+        "in ms; the first step counts from the assignment's publication. *pause* = the old "
+        "owner's batch end to the new owner's first batch loaded; *via* = how the new owners "
+        "learned of the release.",
+        "",
+        "| keys | rescale | moved | "
+        + " | ".join(s.replace("_", " ") for s in STAGES)
+        + " | pause | via | moved pause (output) |",
+        "|---:|---|---:|" + "---:|" * len(STAGES) + "---:|---|---:|",
+    ]
+    for size in data["sizes"]:
+        for r in size["rescales"]:
+            h = r.get("handoff") or {}
+            steps = h.get("steps") or {}
+
+            def cell(stats: dict[str, Any] | None) -> str:
+                if not stats:
+                    return "-"
+                return f"{stats['median_ms']:.0f} / {stats['max_ms']:.0f}"
+
+            via = ", ".join(f"{k} {v}" for k, v in (h.get("via") or {}).items())
+            lines.append(
+                f"| {size['keys']:,} | {r['direction'].replace('->', ' → ')} "
+                f"| {r['moved_key_groups']} | "
+                + " | ".join(cell(steps.get(s)) for s in STAGES)
+                + f" | {cell(h.get('pause_ms'))} | {via or '-'} "
+                f"| {ms(r['moved_pause_output'])} |"
+            )
+    if data.get("notes"):
+        lines += ["", *data["notes"]]
+    return "\n".join(lines)
+
+
 # -- main ------------------------------------------------------------------------------
 
 
@@ -839,6 +885,8 @@ def write_outputs(data: dict[str, Any], name: str, *, results_md: bool) -> None:
     path = results_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1))
+    if name == "rescale_loaded" and results_md:
+        replace_section("Handoff breakdown", handoff_markdown(data))
     if name != "rescale":
         return
     plot(data["summary"], data["sizes"], PLOT)
@@ -883,6 +931,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "checkpoint_ms": args.checkpoint_ms,
             "failover_after": args.failover_after,
             "warmup_seconds": args.warmup,
+            "busy": args.busy,
             "value_bytes": 100,
         },
         "run_seconds": round(time.monotonic() - started, 1),
@@ -905,6 +954,8 @@ def main() -> int:
     parser.add_argument("--checkpoint-ms", type=int, default=200)
     parser.add_argument("--failover-after", type=float, default=2.0)
     parser.add_argument("--no-failover", action="store_true")
+    parser.add_argument("--busy", action="store_true",
+                        help="loaded: ~250 us CPU per record (busy_rescale_job)")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the run directories")
     parser.add_argument("--no-results-md", action="store_true")
     parser.add_argument("--note", action="append", help="a line added under the figures")

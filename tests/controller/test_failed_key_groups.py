@@ -5,7 +5,9 @@ as a user runs it, and through the pure functions behind each place."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 from keyshift.controller.assignment import plan_assignment
 from keyshift.controller.k8s_status import job_status
@@ -17,14 +19,14 @@ from keyshift.controller.metrics_provider import (
 )
 from keyshift.controller.pool import WorkerInfo
 from keyshift.controller.records import ControllerRecord
-from keyshift.controller.status import status_document
+from keyshift.controller.status import failed_summary, status_document, workers_to_restart
 from keyshift.runtime.config import GeneratorSource
 from keyshift.runtime.metrics import FailureMark, WorkerMetrics
 from keyshift.runtime.sources.generator import Generator
 from keyshift.store import Assignment
 from tests.controller.localjob import LocalJob
 from tests.runtime import jobs
-from tests.support import counter_manifest, write_manifest
+from tests.support import assert_exact_counter_state, counter_manifest, write_manifest
 
 K = 4
 LIMIT = 400
@@ -130,3 +132,94 @@ def test_the_status_document_lists_failed_key_groups_of_every_worker() -> None:
         (0, "store"),
         (3, "poison-record"),
     ]
+
+
+FIXABLE = '''"""The counter, with a bug for records of value {bad} while BROKEN."""
+from examples.counter import count, job as counter, process as count_record, total
+from keyshift.runtime.api import Job
+
+BROKEN = {broken}
+
+
+def process(event, ctx):
+    if BROKEN and event.value == {bad}:
+        raise RuntimeError("cannot handle {bad}")
+    count_record(event, ctx)
+
+
+job = Job(name="fixable", process=process, key_by=counter.key_by, states=[count, total])
+'''
+
+
+def test_fix_the_code_and_resume_replays_the_stopped_key_groups_exactly(
+    tmp_path: Path, local_jobs: list[LocalJob]
+) -> None:
+    """The documented way back: the job's code is fixed while its key groups are
+    stopped, ``keyshift resume`` restarts their workers, and each stopped key group
+    replays from its last commit: the state ends exactly the counter's, nothing of the
+    failed records counted twice."""
+    job = "fixable"
+    (tmp_path / "fixable.py").write_text(FIXABLE.format(bad=jobs.BAD_VALUE, broken=True))
+    doc = counter_manifest(
+        job, key_groups=K, parallelism=2, store_url="redis://127.0.0.1:1", source=SOURCE,
+        errorPolicy="fail",
+    )  # fmt: skip
+    doc["spec"]["job"] = "fixable:job"
+    local = LocalJob(tmp_path, write_manifest(tmp_path, doc), job)
+    local_jobs.append(local)
+    local.start()
+    local.wait_status(lambda s: len(s["failed_key_groups"]) == K, 60, "every key group to stop")
+
+    nothing = local.cli("resume", job, "99")
+    assert nothing.returncode == 1 and "not stopped: key group(s) 99" in nothing.stdout
+    (tmp_path / "fixable.py").write_text(FIXABLE.format(bad=jobs.BAD_VALUE, broken=False))
+    resumed = local.cli("resume", job)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"restarting {job}-worker-0; key group(s) 0, 1 replay" in resumed.stdout
+    local.wait_status(
+        lambda s: not s["failed_key_groups"] and s["finished"], 90,
+        "the resumed key groups to process their whole input",
+    )  # fmt: skip
+    assert "resume: restarted fixable-worker-1" in local.log()
+
+    async def exact() -> None:
+        store = local.store()
+        try:
+            await assert_exact_counter_state(store, job, SOURCE, K, LIMIT)
+        finally:
+            await store.close()
+
+    asyncio.run(exact())
+
+
+def test_resume_restarts_the_workers_of_the_asked_stopped_key_groups() -> None:
+    failed = [failed_summary(f) for f in (
+        FailedKeyGroup(3, "j-worker-1", "user-function", 1.0, 8),
+        FailedKeyGroup(0, "j-worker-0", "store", 2.0, None),
+        FailedKeyGroup(1, "j-worker-1", "poison-record", 3.0, 2),
+    )]  # fmt: skip
+    assert workers_to_restart(failed, None) == ({"j-worker-0": [0], "j-worker-1": [1, 3]}, [])
+    assert workers_to_restart(failed, [3, 5]) == ({"j-worker-1": [3]}, [5])
+    assert workers_to_restart([], None) == ({}, [])
+
+
+def test_a_streamjob_whose_bounded_input_is_all_processed_is_finished() -> None:
+    ready = {0: WorkerInfo(0, "j-worker-0", running=True, ready=True, not_ready_since=None)}
+
+    def status(finished: bool, failed: tuple[FailedKeyGroup, ...] = ()) -> dict[str, Any]:
+        return job_status(
+            assignment=Assignment(1, 1, (0, 0)), workers=ready,
+            record=ControllerRecord(job="j"), selector="s", previous_conditions=[],
+            observed_generation=1, error=None, at=1_700_000_000.0, finished=finished,
+            failed=failed,
+        )  # fmt: skip
+
+    done = status(True)
+    assert done["phase"] == "Finished"
+    conditions = {c["type"]: c for c in done["conditions"]}
+    assert conditions["Finished"]["status"] == "True"
+    assert conditions["Finished"]["reason"] == "InputProcessed"
+    assert conditions["Ready"]["status"] == "True"
+    assert status(False)["phase"] == "Running"
+    stopped = (FailedKeyGroup(1, "j-worker-0", "user-function", 1.0, 3),)
+    assert status(True, stopped)["phase"] == "Degraded"  # a stopped key group is not done

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from keyshift.controller.assignment import moved, plan_assignment
+from keyshift.controller.handoffs import STAGES
 from keyshift.runtime.config import worker_name
 from keyshift.store import RedisStateStore
 from tests.controller.localjob import LocalJob
@@ -108,6 +109,16 @@ async def test_scale_1_4_2_3_keeps_state_exact_and_unmoved_key_groups_running(
             await assert_owned_as_assigned(store, "scaling", assignment)
             start, end = handoff_window(record)
             await wait_for(partial(_after, sampler, end + 0.3), 5, "samples after the handoff")
+            timeline = await wait_for_handoff_timeline(job, record["id"])
+            assert [h["key_group"] for h in timeline["key_groups"]] == sorted(
+                moved(record["from_owners"], record["to_owners"])
+            )
+            for h in timeline["key_groups"]:  # every step, in order, on one machine's clock
+                at = h["at_ms"]
+                assert list(at) in (list(STAGES), list(STAGES[:-1])), h  # maybe no batch yet
+                old_owner = [at[s] for s in STAGES[: STAGES.index("released") + 1]]
+                assert old_owner == sorted(old_owner), h
+                assert at["released"] <= at["learned"] <= at["claimed"] <= at["loaded"], h
             unmoved = set(range(KEY_GROUPS)) - moved(record["from_owners"], record["to_owners"])
             assert unmoved, "every rescale here leaves some key groups in place"
             stalled = [kg for kg in unmoved if not sampler.advanced_within(kg, start, end + 0.1)]
@@ -119,6 +130,21 @@ async def test_scale_1_4_2_3_keeps_state_exact_and_unmoved_key_groups_running(
     await assert_exact_counter_state(store, "scaling", source, KEY_GROUPS, limit)
     await store.close()
     assert job.interrupt() == 0
+
+
+async def wait_for_handoff_timeline(job: LocalJob, rescale: str) -> dict[str, Any]:
+    """The rescale's handoff timeline once every new owner has recorded its first step
+    (that may come after the rescale's end: the controller looks again)."""
+    found: dict[str, Any] = {}
+
+    def complete() -> bool:
+        record = next(r for r in job.controller_record()["history"] if r["id"] == rescale)
+        timeline = record.get("handoff") or {}
+        found.update(timeline)
+        return bool(timeline) and all("loaded" in h["at_ms"] for h in timeline["key_groups"])
+
+    await wait_for(complete, 15, "the rescale's handoff timeline")
+    return found
 
 
 async def _after(sampler: PositionSampler, t: float) -> bool:

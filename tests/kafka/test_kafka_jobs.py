@@ -298,7 +298,10 @@ async def test_a_poison_record_stops_its_key_group_under_the_fail_policy(
         await wait_for(stopped_at_the_poison, 60, "partition 0 done, partition 1 at offset 3")
         health = worker.get("/healthz").json()
         assert health["status"] == "degraded"
-        assert "poison record at key group 1 offset 3" in health["failed_key_groups"]["1"]
+        assert health["failed_key_groups"]["1"] == {
+            "reason": "poison-record", "offset": 3, "error": "PoisonRecordError"
+        }  # fmt: skip
+        assert "poison record at key group 1 offset 3" in worker.log()  # the words: the log
         assert worker.metric("keyshift_key_groups_failed") == 1
         # nothing of the poison record or after it counted
         counted = {k: v async for k, v in store.scan_all(job, 1, "count")}

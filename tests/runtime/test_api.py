@@ -5,10 +5,18 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from keyshift.runtime.api import Job, JobLoadError, ListState, MapState, ValueState, load_job
+from keyshift.runtime.api import (
+    BytesAccess,
+    Job,
+    JobLoadError,
+    ListState,
+    MapState,
+    ValueState,
+    load_job,
+)
 
 
-class DictAccess:
+class DictAccess(BytesAccess):
     def __init__(self) -> None:
         self.data: dict[str, bytes | None] = {}
 

@@ -15,20 +15,13 @@ import pytest
 
 from examples import revenue_per_minute, sessions
 from keyshift.controller.assignment import plan_assignment
-from keyshift.runtime.api import Job, StateSpec, encode_key, load_job
+from keyshift.runtime.api import Job, load_job
 from keyshift.runtime.config import GeneratorSource, StreamJob, load_manifest, settings_from
 from keyshift.runtime.expected import revenue_per_minute_results, sessions_results
 from keyshift.runtime.sources.generator import Event
 from keyshift.runtime.store import MemoryStore
-from keyshift.runtime.timers import (
-    END_OF_TIME,
-    EVENT_TIME,
-    PROCESSING_TIME,
-    FiredTimer,
-    TimerService,
-    TimerTable,
-    decode_member,
-)
+from keyshift.runtime.testing import JobHarness, PendingTimer
+from keyshift.runtime.timers import END_OF_TIME
 from keyshift.runtime.windows import (
     Aggregate,
     Pane,
@@ -144,76 +137,7 @@ def test_advance_fires_once_and_drops_after_the_lateness() -> None:
     assert advance(panes, END_OF_TIME, 5) == ({}, [Window(0, 10), Window(10, 20)])
 
 
-# -- the job, driven record by record --------------------------------------------------------
-
-
-class Driver:
-    """Runs a job the way a key group does, in memory: each record is processed with the
-    watermark of the records before it; then the watermark advances to the record's time
-    minus ``out_of_orderness_ms`` and the due event-time timers fire in (time, key) order.
-    It is the job's ``ctx``; ``outputs`` holds ``(side output or None, value)``."""
-
-    key_group = 0
-    offset = 0
-
-    def __init__(self, job: Job[Event], out_of_orderness_ms: int = 0) -> None:
-        self.job = job
-        self.ooo = out_of_orderness_ms
-        self.stored: dict[tuple[str, bytes], bytes] = {}
-        self.table = TimerTable()
-        self.watermark: int | None = None
-        self.outputs: list[tuple[str | None, Any]] = []
-        self.key: Any = None
-        self.timestamp: int | None = None
-        self.timers = TimerService()
-        self._kb = b""
-
-    # Context and StateAccess
-    def state(self, spec: StateSpec[Any]) -> Any:
-        return spec.bind(self)
-
-    def read(self, state: str) -> bytes | None:
-        return self.stored.get((state, self._kb))
-
-    def write(self, state: str, value: bytes | None) -> None:
-        if value is None:
-            self.stored.pop((state, self._kb), None)
-        else:
-            self.stored[(state, self._kb)] = value
-
-    def emit(self, value: Any, output: str | None = None) -> None:
-        self.outputs.append((output, value))
-
-    # driving
-    def _begin(self, key: Any, ts: int) -> None:
-        self.key, self._kb, self.timestamp = key, encode_key(key), ts
-        self.timers = TimerService()
-
-    def record(self, key: str, ts: int, value: int) -> Driver:
-        self._begin(key, ts)
-        self.job.process(Event(key, value), self)
-        self.timers.apply(self.table, self._kb)
-        to = ts - self.ooo
-        self.watermark = to if self.watermark is None else max(self.watermark, to)
-        self.fire(EVENT_TIME, self.watermark)
-        return self
-
-    def fire(self, queue: str, until: int) -> None:
-        assert self.job.on_timer is not None
-        while due := self.table.peek_due(queue, until, 100):
-            for t, kb, member in due:
-                self.table.pop_fired(queue, kb, t, member)
-                _, _, payload = decode_member(member)
-                key = msgspec.msgpack.decode(kb)
-                self._begin(key, t)
-                domain: Any = queue
-                self.job.on_timer(FiredTimer(domain, t, key, payload, member), self)
-                self.timers.apply(self.table, self._kb)
-
-    def end(self) -> None:
-        """The bounded input ended: the watermark jumps to the end of time."""
-        self.watermark = END_OF_TIME
-        self.fire(EVENT_TIME, END_OF_TIME)
+# -- the job, driven record by record in the harness (keyshift.runtime.testing) -------------
 
 
 def _job(windows: Any, aggregate: Any = add, **kwargs: Any) -> Job[Event]:
@@ -223,38 +147,44 @@ def _job(windows: Any, aggregate: Any = add, **kwargs: Any) -> Job[Event]:
     )  # fmt: skip
 
 
+def feed(h: JobHarness[Event], *records: tuple[str, int, int]) -> None:
+    """Process ``Event(key, value)`` at event time ``ts`` for each ``(key, ts, value)``."""
+    for key, ts, value in records:
+        h.process(Event(key, value), timestamp=ts)
+
+
 def result(key: str, start: int, end: int, value: Any) -> tuple[None, dict[str, Any]]:
     return (None, {"key": key, "start": start, "end": end, "value": value})
 
 
 def test_tumbling_fires_late_fires_and_routes_late_records() -> None:
-    d = Driver(_job(Tumbling(10), allowed_lateness_ms=5))
-    d.record("a", 1, 1).record("a", 12, 2)  # watermark 12: [0, 10) fires
-    assert d.outputs == [result("a", 0, 10, 1)]
-    d.record("a", 5, 4)  # after the firing, within the lateness: fired again at once
-    d.record("a", 15, 8)  # watermark 15: [0, 10) is dropped
-    d.record("a", 3, 16)  # late: its window is gone
-    d.record("b", 11, 32)
-    d.end()
-    assert d.outputs == [
+    h = JobHarness(_job(Tumbling(10), allowed_lateness_ms=5))
+    feed(h, ("a", 1, 1), ("a", 12, 2))  # watermark 12: [0, 10) fires
+    assert h.outputs == [result("a", 0, 10, 1)]
+    feed(h, ("a", 5, 4))  # after the firing, within the lateness: fired again at once
+    feed(h, ("a", 15, 8))  # watermark 15: [0, 10) is dropped
+    feed(h, ("a", 3, 16))  # late: its window is gone
+    feed(h, ("b", 11, 32))
+    h.end_input()
+    assert h.outputs == [
         result("a", 0, 10, 1),
         result("a", 0, 10, 5),
         ("late", Event("a", 16)),
         result("a", 10, 20, 10),
         result("b", 10, 20, 32),
     ]
-    assert d.stored == {} and len(d.table) == 0  # nothing left behind
+    assert h.keys() == [] and h.timers() == []  # nothing left behind
 
 
 def test_out_of_orderness_holds_the_window_open() -> None:
-    d = Driver(_job(Tumbling(10)), out_of_orderness_ms=5)
-    d.record("a", 1, 1).record("a", 12, 2).record("a", 8, 4)  # watermark 7: still open
-    assert d.outputs == []
-    d.record("a", 14, 8)  # watermark 9: fires with all three
-    assert d.outputs == [result("a", 0, 10, 5)]
-    d.record("a", 9, 16)  # watermark 9 is its window's cleanup time (lateness 0): late
-    d.end()
-    assert d.outputs == [
+    h = JobHarness(_job(Tumbling(10)), out_of_orderness_ms=5)
+    feed(h, ("a", 1, 1), ("a", 12, 2), ("a", 8, 4))  # watermark 7: still open
+    assert h.outputs == [] and h.watermark == 7
+    feed(h, ("a", 14, 8))  # watermark 9: fires with all three
+    assert h.outputs == [result("a", 0, 10, 5)]
+    feed(h, ("a", 9, 16))  # watermark 9 is its window's cleanup time (lateness 0): late
+    h.end_input()
+    assert h.outputs == [
         result("a", 0, 10, 5),
         ("late", Event("a", 16)),
         result("a", 10, 20, 10),
@@ -265,11 +195,11 @@ def test_sliding_counts_each_record_in_each_open_window() -> None:
     count: Aggregate[Any, int, int] = Aggregate(
         create=lambda: 0, add=lambda a, _: a + 1, merge=operator.add, result=lambda a: a
     )
-    d = Driver(_job(Sliding(10, 5), count))
-    d.record("a", 3, 1).record("a", 7, 1).record("a", 12, 1)  # watermark 12: [-5, 5), [0, 10)
-    d.record("a", 6, 1)  # [0, 10) is past cleanup, [5, 15) is not: counted there, not late
-    d.end()
-    assert d.outputs == [
+    h = JobHarness(_job(Sliding(10, 5), count))
+    feed(h, ("a", 3, 1), ("a", 7, 1), ("a", 12, 1))  # watermark 12: [-5, 5), [0, 10)
+    feed(h, ("a", 6, 1))  # [0, 10) is past cleanup, [5, 15) is not: counted there, not late
+    h.end_input()
+    assert h.outputs == [
         result("a", -5, 5, 1),
         result("a", 0, 10, 2),
         result("a", 5, 15, 3),
@@ -278,57 +208,55 @@ def test_sliding_counts_each_record_in_each_open_window() -> None:
 
 
 def test_sessions_merge_fire_again_and_never_join_a_dropped_session() -> None:
-    d = Driver(_job(Sessions(10), allowed_lateness_ms=20))
-    d.record("u", 0, 1).record("u", 25, 2)  # watermark 25: [0, 10) fires
-    d.record("u", 12, 4)  # a session of its own, already due: fires at once
-    d.record("u", 10, 8)  # bridges [0, 10) and [12, 22): one session, fired again
-    assert d.outputs == [
+    h = JobHarness(_job(Sessions(10), allowed_lateness_ms=20))
+    feed(h, ("u", 0, 1), ("u", 25, 2))  # watermark 25: [0, 10) fires
+    feed(h, ("u", 12, 4))  # a session of its own, already due: fires at once
+    feed(h, ("u", 10, 8))  # bridges [0, 10) and [12, 22): one session, fired again
+    assert h.outputs == [
         result("u", 0, 10, 1),
         result("u", 12, 22, 4),
         result("u", 0, 22, 13),
     ]
-    assert timer_times(_panes(d, "u"), 20) == {34, 41, 54}
-    assert len(d.table) == 4  # and 29, of [0, 10) merged away: it will fire for nothing
-    d.record("u", 60, 16)  # watermark 60: [25, 35) fires; it and [0, 22) are dropped
-    d.record("u", 30, 32)  # [30, 40) would be dropped at 59: late
-    d.record("u", 35, 64)  # [35, 45): touches the dropped [25, 35) but cannot join it
-    d.end()
-    assert d.outputs[3:] == [
+    assert h.state("windows", "u") == {0: Pane(22, 13, fired=True), 25: Pane(35, 2)}
+    assert timer_times(h.state("windows", "u"), 20) == {34, 41, 54}
+    # and 29, of [0, 10) merged away: it will fire for nothing
+    assert [t.time for t in h.timers()] == [29, 34, 41, 54]
+    feed(h, ("u", 60, 16))  # watermark 60: [25, 35) fires; it and [0, 22) are dropped
+    feed(h, ("u", 30, 32))  # [30, 40) would be dropped at 59: late
+    feed(h, ("u", 35, 64))  # [35, 45): touches the dropped [25, 35) but cannot join it
+    h.end_input()
+    assert h.outputs[3:] == [
         result("u", 25, 35, 2),
         ("late", Event("u", 32)),
         result("u", 35, 45, 64),
         result("u", 60, 70, 16),
     ]
-    assert d.stored == {} and len(d.table) == 0
-
-
-def _panes(d: Driver, key: str) -> dict[int, Pane[Any]]:
-    raw = d.stored[("windows", encode_key(key))]
-    return msgspec.msgpack.decode(raw, type=dict[int, Pane[int]])
+    assert h.keys() == [] and h.timers() == []
 
 
 def test_without_lateness_a_window_fires_and_goes_at_once_and_late_can_be_dropped() -> None:
-    d = Driver(_job(Tumbling(10), late_output=None))
-    d.record("a", 1, 1).record("a", 10, 2)  # watermark 10: [0, 10) fires and is dropped
-    assert d.outputs == [result("a", 0, 10, 1)]
-    assert [decode_member(m)[1] for _, _, m in d.table.peek_due(EVENT_TIME, END_OF_TIME, 9)] == [19]
-    d.record("a", 9, 4)  # late, and no side output: gone without an output
-    d.end()
-    assert d.outputs == [result("a", 0, 10, 1), result("a", 10, 20, 2)]
+    h = JobHarness(_job(Tumbling(10), late_output=None))
+    feed(h, ("a", 1, 1), ("a", 10, 2))  # watermark 10: [0, 10) fires and is dropped
+    assert h.outputs == [result("a", 0, 10, 1)]
+    assert h.timers() == [PendingTimer("event", 19, "a", None)]
+    feed(h, ("a", 9, 4))  # late, and no side output: gone without an output
+    h.end_input()
+    assert h.outputs == [result("a", 0, 10, 1), result("a", 10, 20, 2)]
 
 
 def test_processing_time_windows_use_the_clock_and_processing_time_timers() -> None:
-    d = Driver(_job(Tumbling(3_600_000), time="processing"))
+    h = JobHarness(_job(Tumbling(3_600_000), time="processing"))
     before = int(time.time() * 1000)
     for v in (1, 2, 4):
-        d.record("a", 0, v)  # the event time 0 is ignored
+        h.process(Event("a", v), timestamp=0)  # the event time 0 is ignored
     after = int(time.time() * 1000)
-    assert d.table.next_time(EVENT_TIME) is None
-    d.end()
-    assert d.outputs == []
-    d.fire(PROCESSING_TIME, END_OF_TIME)
-    ((_, out),) = d.outputs
+    assert {t.domain for t in h.timers()} == {"processing"}
+    h.end_input()
+    assert h.outputs == []
+    h.advance_processing_time(after + 3_600_000)
+    ((_, out),) = h.outputs
     assert out["start"] <= before <= after < out["end"] and out["value"] == 7
+    assert h.keys() == [] and h.timers() == []
 
 
 def test_window_job_checks_its_arguments() -> None:

@@ -1,17 +1,20 @@
 """The conformance suite every state store backend must pass.
 
 Each test runs twice, against a real standalone Valkey/Redis and against a
-real 3-master Redis Cluster (the ``store`` fixture).
+real 3-master Redis Cluster (the ``store`` fixture); the operations the worker
+uses in a handoff also against the in-process ``MemoryStore`` (``worker_store``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from keyshift.runtime.store import MemoryStore
 from keyshift.store import (
     Assignment,
     Fenced,
@@ -22,6 +25,7 @@ from keyshift.store import (
     Timer,
     TimerChanges,
     keys,
+    open_store,
 )
 from keyshift.store.savepoint import export_job, import_job
 
@@ -485,3 +489,75 @@ async def test_release_reports_the_stored_sequence(store: RedisStateStore, job: 
     stored = await store.release(job, 0, epoch=c.epoch, token=c.token, generation=2, seq=2)
     assert stored == 1
     assert (await store.key_group_info(job, 0)).owner == ""
+
+
+# -- release notifications and handoff marks: both backends of the worker's store ----------
+
+
+@pytest.fixture(params=["standalone", "cluster", "memory"])
+async def worker_store(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """Each backend of the worker's store in turn: Valkey/Redis standalone, Redis Cluster
+    and the in-process MemoryStore."""
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    server = request.getfixturevalue(
+        "standalone_server" if request.param == "standalone" else "cluster_servers"
+    )
+    s = open_store(server.url, retry_seconds=10)
+    yield s
+    await s.close()
+
+
+async def test_a_release_notifies_its_watchers_at_once(worker_store: Any, job: str) -> None:
+    old = await worker_store.claim(job, 5, "old", generation=1)
+    watch = worker_store.watch_release(job, 5)
+    other = worker_store.watch_release(job, 6)
+    try:
+        await asyncio.wait_for(anext(watch), 10)  # subscribed
+        await asyncio.wait_for(anext(other), 10)
+        notified = asyncio.ensure_future(anext(watch))
+        elsewhere = asyncio.ensure_future(anext(other))
+        await worker_store.release(job, 5, epoch=old.epoch, token=old.token, generation=2)
+        await asyncio.wait_for(notified, 5)  # no poll here: only the notification wakes it
+        assert not elsewhere.done()  # another key group's watcher hears nothing
+        elsewhere.cancel()
+        # a later release is announced too
+        again = await worker_store.claim(job, 5, "new", generation=2)
+        notified = asyncio.ensure_future(anext(watch))
+        await worker_store.release(job, 5, epoch=again.epoch, token=again.token, generation=3)
+        await asyncio.wait_for(notified, 5)
+    finally:
+        await watch.aclose()
+        await other.aclose()
+
+
+async def test_handoff_marks_are_kept_per_release_and_per_claim(
+    worker_store: Any, job: str
+) -> None:
+    old = await worker_store.claim(job, 2, "old", generation=1)
+    marks = {"release_requested": 100.0, "batch_ended": 100.25, "flushed": 100.5,
+             "committed": 100.75}  # fmt: skip
+    await worker_store.release(job, 2, epoch=old.epoch, token=old.token, generation=2, marks=marks)
+    new = await worker_store.claim(job, 2, "new", generation=2)
+    info = await worker_store.key_group_info(job, 2)
+    assert info.release_marks == marks
+    assert (info.claim_marks, info.claim_via) == ({}, "")
+    assert info.released_at is not None and info.claimed_at is not None
+    assert await worker_store.record_handoff(
+        job, 2, epoch=new.epoch, token=new.token, marks={"learned": 101.0}, via="notified"
+    )
+    assert await worker_store.record_handoff(
+        job, 2, epoch=new.epoch, token=new.token, marks={"loaded": 101.5, "first_batch": 102.0}
+    )
+    # a writer without the fence records nothing
+    assert not await worker_store.record_handoff(
+        job, 2, epoch=old.epoch, token=old.token, marks={"loaded": 1.0}, via="polled"
+    )
+    info = await worker_store.key_group_info(job, 2)
+    assert info.claim_marks == {"learned": 101.0, "loaded": 101.5, "first_batch": 102.0}
+    assert info.claim_via == "notified"
+    # the next claim starts its own marks; the release's stay until the next release
+    await worker_store.claim(job, 2, "forcer", generation=3)
+    info = await worker_store.key_group_info(job, 2)
+    assert (info.claim_marks, info.claim_via, info.release_marks) == ({}, "", marks)

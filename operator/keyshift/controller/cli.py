@@ -72,6 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds to wait with --wait (default 120)")  # fmt: skip
     scale.set_defaults(handler=_scale)
 
+    resume = commands.add_parser(
+        "resume", help="replay a local job's stopped key groups from their last commits"
+    )
+    resume.add_argument("job", help="the job's name (metadata.name of its manifest)")
+    resume.add_argument("key_groups", nargs="*", type=int, metavar="KEY_GROUP",
+                        help="the stopped key groups to resume (default: all)")  # fmt: skip
+    resume.set_defaults(handler=_resume)
+
     status = commands.add_parser("status", help="a local job's assignment, load and rescales")
     status.add_argument("job", help="the job's name (metadata.name of its manifest)")
     status.add_argument("--json", action="store_true", help="print JSON")
@@ -270,6 +278,34 @@ def _scale(args: argparse.Namespace) -> int:
         time.sleep(0.2)
     console.print(f"not rescaled to {args.parallelism} within {args.timeout:.0f}s")
     return 1
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from keyshift.controller.local_run import RunDir
+    from keyshift.controller.status import workers_to_restart
+
+    run_dir = RunDir.of(args.job, args.dir)
+    if run_dir.running_pid() is None:
+        console.print(
+            f"job {args.job!r} is not running here: `keyshift run` it again, and its stopped "
+            "key groups replay from their last commits"
+        )
+        return 1
+    status = json.loads(run_dir.status.read_text()) if run_dir.status.exists() else {}
+    restart, not_stopped = workers_to_restart(
+        status.get("failed_key_groups") or [], args.key_groups or None
+    )
+    if not_stopped:
+        console.print(f"not stopped: key group(s) {', '.join(map(str, not_stopped))}")
+    if not restart:
+        console.print(f"{args.job}: no stopped key group to resume")
+        return 1 if not_stopped else 0
+    run_dir.write_json(run_dir.resume, {"workers": restart, "requested_at": time.time()})
+    for worker, key_groups in sorted(restart.items()):
+        groups = ", ".join(map(str, key_groups))
+        console.print(f"{args.job}: restarting {worker}; key group(s) {groups} replay from "
+                      "their last commit with the code as it is now")  # fmt: skip
+    return 0
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -109,6 +109,7 @@ class Controller:
         if current is not None:
             await self.executor.advance()
             return
+        await self.executor.follow_up()
         try:
             rescale = decide(
                 self.job, self.key_groups, self.assignment, running, self.desired(),

@@ -407,7 +407,13 @@ def status_schema() -> Schema:
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": True,
         "properties": {
-            "phase": _typed("string", "Pending, Running, Rescaling, Degraded or Failed."),
+            "phase": _typed(
+                "string",
+                (
+                    "Pending, Running, Rescaling, Degraded, Finished (a bounded input all "
+                    "processed and committed) or Failed."
+                ),
+            ),
             "parallelism": _typed("integer", "Workers of the current assignment."),
             "desiredParallelism": _typed(
                 "integer",

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from keyshift.controller.assignment import moved
+from keyshift.controller.handoffs import HandoffTimeline, key_group_handoff, publish_time, timeline
 from keyshift.controller.pool import WorkerPool
 from keyshift.controller.records import ControllerRecord, RecordStore
 from keyshift.controller.rescale import (
@@ -39,6 +40,11 @@ from keyshift.runtime.faults import crash_point
 from keyshift.store.protocol import Assignment, StateStore
 
 log = logging.getLogger("keyshift.controller")
+
+FOLLOW_UP_SECONDS = 10.0
+"""How long after a rescale the executor still looks for new owners' handoff marks that
+came after its end (a first batch processed after the last acknowledgement)."""
+FOLLOW_UP_EVERY = 0.5
 
 EventSink = Callable[[str, str], None]
 """``(kind, message)``: kind is ``Normal`` or ``Warning``, as Kubernetes Events."""
@@ -65,6 +71,7 @@ class RescaleExecutor:
         self.deadlines = deadlines or Deadlines()
         self.on_event = on_event or (lambda kind, msg: None)
         self.clock = clock
+        self._followed_up = 0.0
 
     async def observe(self) -> Observation:
         workers = await self.pool.workers()
@@ -190,6 +197,7 @@ class RescaleExecutor:
         r.finished_at = now
         if outcome == "succeeded":
             r.max_pause_seconds = await self._max_pause(r)
+            r.handoff = await self._handoff_timeline(r)
         self.record.finish(r)
         await self.records.save(self.record)
         summary = (
@@ -211,3 +219,36 @@ class RescaleExecutor:
             if info.claimed_generation >= r.from_generation + 1 and info.last_pause is not None:
                 pauses.append(max(0.0, info.last_pause))
         return round(max(pauses), 4) if pauses else None
+
+    async def _handoff_timeline(self, r: Rescale) -> HandoffTimeline | None:
+        """Each moved key group's handoff, step by step, from the marks in the store."""
+        if not r.from_owners:
+            return None
+        published = publish_time(r.started_at, [(s.phase, s.seconds) for s in r.steps])
+        handoffs = []
+        for kg in sorted(moved(r.from_owners, r.to_owners)):
+            info = await self.store.key_group_info(self.job, kg)
+            handoffs.append(key_group_handoff(
+                info, r.from_owners[kg], r.to_owners[kg], r.from_generation + 1, published
+            ))  # fmt: skip
+        return timeline(published, handoffs)
+
+    async def follow_up(self) -> None:
+        """Complete the last rescale's handoff timeline with the new owners' marks that came
+        after it finished (their first batch), for a few seconds after its end."""
+        last = self.record.history[-1] if self.record.history else None
+        now = self.clock()
+        if (
+            last is None
+            or last.handoff is None
+            or last.handoff.complete
+            or last.finished_at is None
+            or now - last.finished_at > FOLLOW_UP_SECONDS
+            or now - self._followed_up < FOLLOW_UP_EVERY
+        ):
+            return
+        self._followed_up = now
+        found = await self._handoff_timeline(last)
+        if found is not None and found != last.handoff:
+            last.handoff = found
+            await self.records.save(self.record)

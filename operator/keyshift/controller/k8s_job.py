@@ -55,6 +55,7 @@ from keyshift.controller.metrics_provider import FailedKeyGroup, WorkerTarget
 from keyshift.controller.prometheus_provider import PrometheusMetricsProvider
 from keyshift.controller.reconcile import Desired
 from keyshift.controller.records import ControllerRecord
+from keyshift.controller.status import finished as input_finished
 from keyshift.runtime.config import StreamJobSpec, validate_spec
 from keyshift.store import StateStore, StoreError, open_store
 
@@ -374,6 +375,7 @@ class JobRunner:
             failed=self.failed_key_groups(),
             desired=self.desired(),
             lag=None if window is None else window.lag,
+            finished=input_finished(window, controller.key_groups),
         )
         failed_now = {(f["key_group"], f["reason"]) for f in status["failedKeyGroups"]}
         if failed_now - self._failed_reported:

@@ -114,10 +114,13 @@ def job_status(
     desired: Desired | None = None,
     lag: int | None = None,
     refused: str | None = None,
+    finished: bool = False,
 ) -> Obj:
     """``invalid``: why the newest spec is rejected, while the job runs by an older one;
     ``failed``: the key groups the workers' metrics say are stopped; ``refused``: why
-    Secrets the spec names are refused (the workers run as they were)."""
+    Secrets the spec names are refused (the workers run as they were); ``finished``: the
+    workers' metrics say every key group processed its whole (bounded) input and
+    committed it."""
     owners = assignment.owners if assignment is not None else ()
     parallelism = 0 if assignment is None else assignment.parallelism
     current = record.current
@@ -132,6 +135,8 @@ def job_status(
         phase = "Rescaling"
     elif not_ready or failed:
         phase = "Degraded"
+    elif finished:
+        phase = "Finished"
     else:
         phase = "Running"
     last = history[-1] if history else None
@@ -164,13 +169,19 @@ def job_status(
     running = (f"{parallelism} workers run generation "
                f"{0 if assignment is None else assignment.generation}")  # fmt: skip
     conditions = [
-        condition(previous_conditions, "Ready", phase == "Running" and refused is None,
+        condition(previous_conditions, "Ready",
+                  phase in ("Running", "Finished") and refused is None,
                   "SecretNotAllowed" if refused else phase,
                   f"{refused}; meanwhile {running}, as before" if refused else running, at),
         condition(previous_conditions, "Rescaling", current is not None,
                   "Rescaling" if current is not None else "Idle", rescaling_msg, at),
         condition(previous_conditions, "Degraded", bool(not_ready or failed or error),
                   degraded_reason, degraded_msg[:4000], at),
+        condition(previous_conditions, "Finished", phase == "Finished",
+                  "InputProcessed" if phase == "Finished" else "Processing",
+                  "every key group processed its whole input and committed it; the workers "
+                  "stay up (delete the StreamJob to free them)" if phase == "Finished"
+                  else "not every key group is at the end of its input", at),
         condition(previous_conditions, "InvalidSpec", invalid is not None,
                   "InvalidSpec" if invalid else "Valid",
                   f"{invalid}; the job runs by its last valid spec" if invalid

@@ -12,6 +12,7 @@ running job through files of its run directory, ``.keyshift/<job>/``:
 | ``desired.json`` | ``keyshift run`` (the manifest), ``keyshift scale`` | desired parallelism |
 | ``status.json`` | ``keyshift run``, every second | the status document |
 | ``controller.json`` | the controller | rescale in progress and history |
+| ``resume.json`` | ``keyshift resume`` | workers to restart for stopped key groups |
 | ``store/`` | the embedded Valkey | its AOF |
 | ``logs/`` | the workers | one log per worker |
 | a log sink's ``path`` | the workers | the job's outputs |
@@ -66,6 +67,7 @@ from keyshift.runtime.config import (
     DuplicateKeyError,
     LogSink,
     StreamJob,
+    ordinal_of,
     parse_yaml,
     validate_spec,
     validation_message,
@@ -199,6 +201,12 @@ class RunDir:
     @property
     def store(self) -> Path:
         return self.root / "store"
+
+    @property
+    def resume(self) -> Path:
+        """``keyshift resume``: the workers to restart, so their stopped key groups
+        replay from their last commits with the code as it is now."""
+        return self.root / "resume.json"
 
     @property
     def store_port(self) -> Path:
@@ -479,7 +487,26 @@ class LocalRun:
         doc["max_workers"] = self.max_workers  # for keyshift scale
         doc["outputs"] = self.outputs
         self.dir.write_json(self.dir.status, doc)
+        await self._resume_if_asked(pool)
         return doc
+
+    async def _resume_if_asked(self, pool: LocalWorkerPool) -> None:
+        """Restart the workers ``keyshift resume`` names: each claims its key groups
+        again, and the stopped ones replay from their last commits."""
+        try:
+            asked = json.loads(self.dir.resume.read_text())
+        except (OSError, ValueError):
+            return
+        self.dir.resume.unlink(missing_ok=True)
+        for name, key_groups in sorted((asked.get("workers") or {}).items()):
+            ordinal = ordinal_of(self.job, name)
+            if ordinal is None:
+                continue
+            await pool.stop([ordinal])
+            await pool.start([ordinal])
+            groups = ", ".join(str(kg) for kg in key_groups)
+            self.event("Normal", f"resume: restarted {name}; key group(s) {groups} replay "
+                       "from their last commit")  # fmt: skip
 
     async def _show(
         self, controller: Controller, pool: LocalWorkerPool, provider: DirectScrapeProvider

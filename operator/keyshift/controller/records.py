@@ -13,6 +13,7 @@ from typing import Protocol
 
 import msgspec
 
+from keyshift.controller.handoffs import DETAIL_LIMIT
 from keyshift.controller.rescale import Rescale
 
 HISTORY_LIMIT = 50
@@ -28,6 +29,9 @@ class ControllerRecord(msgspec.Struct, kw_only=True):
     def finish(self, rescale: Rescale) -> None:
         self.history = [*self.history, rescale][-HISTORY_LIMIT:]
         self.current = None
+        for older in self.history[:-DETAIL_LIMIT]:  # the per-step summary stays
+            if older.handoff is not None and older.handoff.key_groups:
+                older.handoff.key_groups = []
 
 
 class RecordStore(Protocol):

@@ -26,6 +26,7 @@ from typing import Literal
 import msgspec
 
 from keyshift.controller.assignment import check_parallelism, moved, plan_assignment
+from keyshift.controller.handoffs import HandoffTimeline
 
 Reason = Literal["initial", "manual", "autoscaler", "failover", "rebalance"]
 Phase = Literal["starting_workers", "publishing", "handing_off", "stopping_workers", "finished"]
@@ -66,6 +67,8 @@ class Rescale(msgspec.Struct, kw_only=True):
     moved_key_groups: int = 0
     max_pause_seconds: float | None = None
     """The longest pause of a moved key group: from its release to its claim."""
+    handoff: HandoffTimeline | None = None
+    """Where the moved key groups' pause went, step by step (``handoffs.py``)."""
 
     @property
     def done(self) -> bool:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
+
 from keyshift.controller.assignment import describe_ranges, key_groups_of
 from keyshift.controller.metrics_provider import FailedKeyGroup, LoadSample
 from keyshift.controller.pool import WorkerInfo
@@ -25,6 +27,7 @@ def rescale_summary(r: Rescale) -> dict[str, Any]:
         "phase": r.phase,
         "duration_seconds": None if r.duration_seconds is None else round(r.duration_seconds, 4),
         "max_pause_seconds": r.max_pause_seconds,
+        "handoff": None if r.handoff is None else msgspec.to_builtins(r.handoff),
         "moved_key_groups": r.moved_key_groups,
         "steps": {s.phase: s.seconds for s in r.steps},
         "outcome": r.outcome,
@@ -45,6 +48,23 @@ def failed_summary(f: FailedKeyGroup) -> dict[str, Any]:
         "since": f.since,
         "offset": f.offset,
     }
+
+
+def workers_to_restart(
+    failed: Sequence[Mapping[str, Any]], key_groups: Sequence[int] | None
+) -> tuple[dict[str, list[int]], list[int]]:
+    """Which workers to restart to resume stopped key groups (entries as
+    :func:`failed_summary` writes them): ``key_groups`` of them, or all when ``None``.
+    Returns ``({worker: [key groups it resumes]}, [asked key groups that are not
+    stopped])``: a restarted worker claims its key groups again, and each stopped one
+    replays from its last commit with the code as it is now."""
+    stopped = {int(f["key_group"]): str(f["worker"]) for f in failed}
+    wanted = sorted(stopped) if key_groups is None else sorted(set(key_groups))
+    restart: dict[str, list[int]] = {}
+    for kg in wanted:
+        if kg in stopped:
+            restart.setdefault(stopped[kg], []).append(kg)
+    return restart, [kg for kg in wanted if kg not in stopped]
 
 
 def failed_by_reason(failed: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, float, int]]:
@@ -71,11 +91,12 @@ def failed_by_reason(failed: Sequence[Mapping[str, Any]]) -> list[tuple[str, str
 
 
 FAILED_HINT = {
-    "user-function": "the job's code raised (errorPolicy fail): fix it and restart the "
-    "workers (locally: Ctrl-C and `keyshift run` again; on Kubernetes: a new image in the "
-    "StreamJob rolls them); the key group replays from its last commit",
+    "user-function": "the job's code raised (errorPolicy fail): fix it, then `keyshift "
+    "resume JOB` (or run it again; on Kubernetes a new image in the StreamJob rolls the "
+    "workers); the key group replays from its last commit",
     "poison-record": "a record could not be decoded (onPoison fail): choose skip or "
-    "dead-letter, or fix the record, and restart the workers",
+    "dead-letter, or fix the record, then `keyshift resume JOB` (on Kubernetes: roll the "
+    "workers)",
     "store": "the store refused it or holds corrupt data for it; retried with back-off, "
     "it resumes once the store is repaired (see docs/reliability.md)",
 }

@@ -115,7 +115,7 @@ def failed_lines(doc: dict[str, Any]) -> list[str]:
     unknown = "see the worker's log"
     return [
         f"FAILED key group{'s' if count > 1 else ''} {where} ({reason}, since {_when(since)}): "
-        f"{FAILED_HINT.get(reason, unknown)}; the error is in the worker's log and /healthz"
+        f"{FAILED_HINT.get(reason, unknown)}; the error is in the worker's log"
         for reason, where, since, count in failed_by_reason(doc.get("failed_key_groups", []))
     ]
 

@@ -18,7 +18,8 @@ Outputs go to ``ctx.emit(value)``, or to a named side output with
 
 Values are serialised with msgpack (msgspec), decoded to the declared type.
 A record's state changes and outputs are applied only if the function returns;
-if it raises, none of them happen (see ``errorPolicy``).
+if it raises, none of them happen (see ``errorPolicy``).  To test a job in memory,
+over a list of records with timers and watermarks: :mod:`keyshift.runtime.testing`.
 """
 
 from __future__ import annotations
@@ -70,11 +71,45 @@ def _decode(state: str, decoder: msgspec.msgpack.Decoder[Any], raw: bytes) -> An
         raise CorruptState(state, raw, exc) from None
 
 
+IMMUTABLE_TYPES: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None)})
+"""Values of these types cannot change in place: the runtime may hand one decoded value
+to several reads (of one batch) instead of decoding each time."""
+
+
 class StateAccess(Protocol):
     """What a state handle needs from the runtime: reads and writes of the current key."""
 
     def read(self, state: str) -> bytes | None: ...
     def write(self, state: str, value: bytes | None) -> None: ...
+    def read_value(self, state: str, decode: Callable[[bytes], Any], default: Any) -> Any:
+        """The decoded value (``default`` when absent); ``decode`` turns stored bytes
+        into it."""
+        ...
+
+    def write_value(self, state: str, raw: bytes | None, value: Any, shareable: bool) -> None:
+        """Write ``raw`` (``None``: delete), the encoding of ``value``; ``shareable``: later
+        reads may return ``value`` itself instead of decoding ``raw`` (it is immutable and
+        of the type decoding gives)."""
+        ...
+
+
+class BytesAccess:
+    """A :class:`StateAccess` over stored bytes alone (``read``/``write``), decoding on
+    every read: for tools and tests that hold state in a dict; the runtime shares
+    decoded values within a batch instead."""
+
+    def read(self, state: str) -> bytes | None:
+        raise NotImplementedError
+
+    def write(self, state: str, value: bytes | None) -> None:
+        raise NotImplementedError
+
+    def read_value(self, state: str, decode: Callable[[bytes], Any], default: Any) -> Any:
+        raw = self.read(state)
+        return default if raw is None else decode(raw)
+
+    def write_value(self, state: str, raw: bytes | None, value: Any, shareable: bool) -> None:
+        self.write(state, raw)
 
 
 class StateSpec(Protocol[H]):
@@ -98,6 +133,10 @@ class ValueState(Generic[V]):
     def __post_init__(self) -> None:
         check_state_name(self.name)
         object.__setattr__(self, "_decoder", msgspec.msgpack.Decoder(self.type))
+
+    def _decode(self, raw: bytes) -> V:
+        result: V = _decode(self.name, self._decoder, raw)
+        return result
 
     def bind(self, access: StateAccess) -> ValueHandle[V]:
         return ValueHandle(self, access)
@@ -150,17 +189,18 @@ class ValueHandle(Generic[V]):
         self._access = access
 
     def value(self) -> V:
-        raw = self._access.read(self._spec.name)
-        if raw is None:
-            return self._spec.default  # type: ignore[return-value]
-        result: V = _decode(self._spec.name, self._spec._decoder, raw)
+        spec = self._spec
+        result: V = self._access.read_value(spec.name, spec._decode, spec.default)
         return result
 
     def update(self, value: V) -> None:
-        self._access.write(self._spec.name, _encoder.encode(value))
+        spec = self._spec
+        shareable = type(value) is spec.type and spec.type in IMMUTABLE_TYPES
+        self._access.write_value(spec.name, _encoder.encode(value), value, shareable)
 
     def clear(self) -> None:
-        self._access.write(self._spec.name, None)
+        default = self._spec.default
+        self._access.write_value(self._spec.name, None, default, type(default) in IMMUTABLE_TYPES)
 
 
 class MapHandle(Generic[MK, V]):

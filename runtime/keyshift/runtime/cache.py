@@ -1,9 +1,9 @@
 """The worker's write-back state cache: LRU, bounded in bytes, shared by key groups.
 
 Entries are ``(key_group, state, key) -> value`` where ``value`` is the stored
-bytes or ``None`` (known absent).  Clean entries sit in one LRU; dirty entries
-(written since the key group's last commit) sit apart, per key group, and are
-never evicted: they leave the dirty set only through a successful commit
+bytes or ``None`` (known absent), all in one LRU.  Dirty entries (written since
+the key group's last commit) are also listed per key group and are never
+evicted: they stop being dirty only through a successful commit
 (:meth:`committed`) or when the key group is dropped (:meth:`drop`).  When the
 dirty bytes pass ``dirty_limit`` the owner must checkpoint
 (:attr:`needs_checkpoint`).
@@ -22,8 +22,10 @@ the runtime loads it again.
 
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
+from typing import Final
 
 ENTRY_OVERHEAD = 240
 """Bytes charged per entry on top of key and value: the slot tuple, the dict and LRU
@@ -47,11 +49,15 @@ class StateCache:
             raise ValueError("the cache needs a positive byte bound")
         self.max_bytes = max_bytes
         self.dirty_limit = max(1, int(max_bytes * dirty_fraction))
-        self._clean: OrderedDict[Slot, bytes | None] = OrderedDict()
-        self._clean_by_kg: dict[int, set[Slot]] = {}
-        """The clean slots of each key group, so that :meth:`drop` costs what the key
-        group has cached, not what the whole cache holds."""
-        self._dirty: dict[int, dict[tuple[str, bytes], bytes | None]] = {}
+        self._entries: OrderedDict[Slot, bytes | None] = OrderedDict()
+        """Every entry, clean or dirty, least recently used first: one lookup finds any,
+        and a write or a commit moves nothing between structures."""
+        self._by_kg: dict[int, set[Slot]] = {}
+        """The slots of each key group, so that :meth:`drop` costs what the key group has
+        cached, not what the whole cache holds."""
+        self._dirty: dict[int, dict[Slot, None]] = {}
+        """The dirty slots of each key group (an ordered set)."""
+        self._dirty_count = 0
         self.clean_bytes = 0
         self.dirty_bytes = 0
         self._dirty_bytes_by_kg: dict[int, int] = {}
@@ -73,54 +79,45 @@ class StateCache:
         return self._dirty_bytes_by_kg.get(key_group, 0)
 
     def __len__(self) -> int:
-        return len(self._clean) + sum(len(d) for d in self._dirty.values())
+        return len(self._entries)
 
     # -- reads ------------------------------------------------------------------
 
     def get(self, key_group: int, state: str, key: bytes) -> bytes | None:
         """The cached value (``None``: absent in the store); raise :class:`CacheMiss`."""
-        dirty = self._dirty.get(key_group)
-        if dirty is not None:
-            found = dirty.get((state, key), _MISSING)
-            if not isinstance(found, _Missing):
-                return found
-        slot = (key_group, state, key)
-        try:
-            value = self._clean[slot]
-        except KeyError:
-            raise CacheMiss(slot) from None
-        return value
+        found = self._entries.get((key_group, state, key), _MISSING)
+        if found is _MISSING:
+            raise CacheMiss((key_group, state, key))
+        return found
 
     def contains(self, key_group: int, state: str, key: bytes) -> bool:
-        dirty = self._dirty.get(key_group)
-        if dirty is not None and (state, key) in dirty:
-            return True
-        return (key_group, state, key) in self._clean
+        return (key_group, state, key) in self._entries
 
-    def missing(self, key_group: int, state: str, keys: Iterable[bytes]) -> list[bytes]:
+    def missing(
+        self, key_group: int, state: str, keys: Collection[bytes], *, repeats: int = 0
+    ) -> list[bytes]:
         """Keys not cached, in first-seen order; touches (and counts) the cached ones.
 
-        Each key counts one hit or one miss per call.
+        Each key counts one hit or one miss per call. ``repeats``: how many reads the
+        (distinct) ``keys`` stand for, when more than one each: the others count as
+        hits (they find what the first loaded).
         """
-        dirty = self._dirty.get(key_group) or {}
-        clean = self._clean
+        entries = self._entries
+        touch = entries.move_to_end
         out: list[bytes] = []
         seen: set[bytes] = set()
         hits = 0
         for key in keys:
-            if (state, key) in dirty:
-                hits += 1
-                continue
             slot = (key_group, state, key)
-            if slot in clean:
-                clean.move_to_end(slot)
+            if slot in entries:
+                touch(slot)
                 hits += 1
             elif key in seen:
                 hits += 1  # loaded by the same fetch
             else:
                 seen.add(key)
                 out.append(key)
-        self.hits += hits
+        self.hits += hits + max(0, repeats - len(keys))
         self.misses += len(out)
         return out
 
@@ -138,21 +135,39 @@ class StateCache:
         ``protect``: how many most recently used clean entries eviction must spare
         (the current batch's working set).
         """
+        entries = self._entries
         dirty = self._dirty.get(key_group) or {}
+        index = self._by_kg.setdefault(key_group, set())
+        added = 0
         for key in requested:
-            if (state, key) in dirty:
-                continue  # written meanwhile: the dirty value is newer
             slot = (key_group, state, key)
-            self._forget_clean(slot)
-            self._remember_clean(slot, found.get(key))
+            if slot in dirty:
+                continue  # written meanwhile: the dirty value is newer
+            value = found.get(key)
+            old = entries.pop(slot, _MISSING)
+            if old is _MISSING:
+                index.add(slot)
+            else:
+                added -= ENTRY_OVERHEAD + len(key) + len(old or b"")
+            entries[slot] = value
+            added += ENTRY_OVERHEAD + len(key) + len(value or b"")
+        self.clean_bytes += added
         self.evict(protect=protect)
 
     def evict(self, *, protect: int = 0) -> None:
-        """Drop least recently used clean entries until within the bound."""
-        clean = self._clean
-        while self.total_bytes > self.max_bytes and len(clean) > protect:
-            slot, value = clean.popitem(last=False)
-            self.clean_bytes -= entry_size(slot[2], value)
+        """Drop least recently used clean entries until within the bound (dirty ones met
+        on the way become the most recent: they cannot go)."""
+        entries = self._entries
+        dirty = self._dirty
+        while self.clean_bytes + self.dirty_bytes > self.max_bytes and (
+            len(entries) - self._dirty_count > protect
+        ):
+            slot, value = entries.popitem(last=False)
+            kg_dirty = dirty.get(slot[0])
+            if kg_dirty is not None and slot in kg_dirty:
+                entries[slot] = value
+                continue
+            self.clean_bytes -= ENTRY_OVERHEAD + len(slot[2]) + len(value or b"")
             self._unindex(slot)
             self.evictions += 1
 
@@ -160,18 +175,38 @@ class StateCache:
 
     def put(self, key_group: int, state: str, key: bytes, value: bytes | None) -> None:
         """Write (``None``: delete) a value; it stays dirty until committed."""
-        self._forget_clean((key_group, state, key))
+        self.put_key(key_group, key, {state: value})
+
+    def put_key(self, key_group: int, key: bytes, values: Mapping[str, bytes | None]) -> None:
+        """:meth:`put` of one key's values of several states (the end of a batch)."""
+        entries = self._entries
         dirty = self._dirty.get(key_group)
         if dirty is None:
             dirty = self._dirty[key_group] = {}
-        size = entry_size(key, value)
-        previous = dirty.get((state, key), _MISSING)
-        if not isinstance(previous, _Missing):
-            size -= entry_size(key, previous)
-        dirty[(state, key)] = value
-        self.dirty_bytes += size
-        self._dirty_bytes_by_kg[key_group] = self._dirty_bytes_by_kg.get(key_group, 0) + size
-        if size > 0 and self.total_bytes > self.max_bytes:
+        key_cost = ENTRY_OVERHEAD + len(key)
+        size = clean_freed = 0
+        for state, value in values.items():
+            slot = (key_group, state, key)
+            old = entries.get(slot, _MISSING)
+            entries[slot] = value
+            entries.move_to_end(slot)
+            size += len(value) if value is not None else 0
+            if slot in dirty:
+                size -= len(old or b"") if old is not _MISSING else 0
+            else:
+                dirty[slot] = None
+                self._dirty_count += 1
+                size += key_cost
+                if old is _MISSING:
+                    self._by_kg.setdefault(key_group, set()).add(slot)
+                else:
+                    clean_freed += key_cost + len(old or b"")
+        self.clean_bytes -= clean_freed
+        if size:
+            self.dirty_bytes += size
+            by_kg = self._dirty_bytes_by_kg
+            by_kg[key_group] = by_kg.get(key_group, 0) + size
+        if self.clean_bytes + self.dirty_bytes > self.max_bytes:
             self.evict()
 
     def dirty_changes(
@@ -180,7 +215,10 @@ class StateCache:
         """The key group's uncommitted ``(puts, deletes)`` per state name."""
         puts: dict[str, dict[bytes, bytes]] = {}
         deletes: dict[str, list[bytes]] = {}
-        for (state, key), value in (self._dirty.get(key_group) or {}).items():
+        entries = self._entries
+        for slot in self._dirty.get(key_group) or ():
+            _, state, key = slot
+            value = entries[slot]
             if value is None:
                 deletes.setdefault(state, []).append(key)
             else:
@@ -192,41 +230,37 @@ class StateCache:
         dirty = self._dirty.pop(key_group, None)
         if not dirty:
             return
-        self.dirty_bytes -= self._dirty_bytes_by_kg.pop(key_group, 0)
-        for (state, key), value in dirty.items():
-            self._remember_clean((key_group, state, key), value)
+        moved = self._dirty_bytes_by_kg.pop(key_group, 0)
+        self.dirty_bytes -= moved
+        self.clean_bytes += moved
+        self._dirty_count -= len(dirty)
         self.evict()
 
     def drop(self, key_group: int) -> None:
         """Forget everything of ``key_group``, dirty entries included (fenced or released)."""
-        self._dirty.pop(key_group, None)
+        dirty = self._dirty.pop(key_group, None) or {}
+        self._dirty_count -= len(dirty)
         self.dirty_bytes -= self._dirty_bytes_by_kg.pop(key_group, 0)
-        for slot in self._clean_by_kg.pop(key_group, ()):
-            self.clean_bytes -= entry_size(slot[2], self._clean.pop(slot))
+        entries = self._entries
+        for slot in self._by_kg.pop(key_group, ()):
+            value = entries.pop(slot)
+            if slot not in dirty:
+                self.clean_bytes -= ENTRY_OVERHEAD + len(slot[2]) + len(value or b"")
 
-    # -- the clean LRU and its per-key-group index ----------------------------------
-
-    def _remember_clean(self, slot: Slot, value: bytes | None) -> None:
-        self._clean[slot] = value
-        self.clean_bytes += entry_size(slot[2], value)
-        self._clean_by_kg.setdefault(slot[0], set()).add(slot)
-
-    def _forget_clean(self, slot: Slot) -> None:
-        old = self._clean.pop(slot, _MISSING)
-        if not isinstance(old, _Missing):
-            self.clean_bytes -= entry_size(slot[2], old)
-            self._unindex(slot)
+    # -- the per-key-group index ----------------------------------------------------
 
     def _unindex(self, slot: Slot) -> None:
-        slots = self._clean_by_kg.get(slot[0])
+        slots = self._by_kg.get(slot[0])
         if slots is not None:
             slots.discard(slot)
             if not slots:
-                del self._clean_by_kg[slot[0]]
+                del self._by_kg[slot[0]]
 
 
-class _Missing:
-    pass
+class _Missing(enum.Enum):
+    """Not cached (as opposed to ``None``: cached as absent from the store)."""
+
+    MISSING = enum.auto()
 
 
-_MISSING = _Missing()
+_MISSING: Final = _Missing.MISSING

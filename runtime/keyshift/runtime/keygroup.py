@@ -15,12 +15,12 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from keyshift.runtime.aio import wait_event
-from keyshift.runtime.api import CorruptState, Job, decode_key, encode_key
+from keyshift.runtime.api import IMMUTABLE_TYPES, CorruptState, Job, decode_key, encode_key
 from keyshift.runtime.cache import CacheMiss, StateCache
 from keyshift.runtime.faults import crash_point
 from keyshift.runtime.metrics import WorkerMetrics
@@ -38,7 +38,7 @@ from keyshift.runtime.timers import (
     Watermark,
     decode_member,
 )
-from keyshift.store.protocol import Claim, Fenced, StoreUnavailable
+from keyshift.store.protocol import Claim, Fenced, StoreError, StoreUnavailable
 
 log = logging.getLogger("keyshift.runtime")
 
@@ -97,6 +97,9 @@ class RuntimeDeps:
     idle_timeout: float = 10.0
 
 
+_UNSET: Any = object()
+
+
 class _NotLoaded(BaseException):
     """A declared state of the current key was evicted before use: reload, retry the record.
 
@@ -106,11 +109,21 @@ class _NotLoaded(BaseException):
 
 
 class RecordContext:
-    """The ``ctx`` of a process function; reused for every record of a key group."""
+    """The ``ctx`` of a process function; reused for every record of a key group.
+
+    A record's state writes are pending until it succeeds (:meth:`apply`); then they
+    join the batch's writes, which reach the cache once per key and state at the end
+    of the batch (:meth:`flush`), not once per record. Decoded values of immutable
+    types (numbers, strings, ...) are remembered for the batch, so a key's value is
+    decoded once per batch rather than once per record; mutable ones are decoded anew
+    on every read, so that a value changed in place but not updated changes nothing.
+    """
 
     __slots__ = (
+        "_batch",
         "_cache",
         "_declared",
+        "_decoded",
         "_handles",
         "_key",
         "_key_bytes",
@@ -118,6 +131,7 @@ class RecordContext:
         "_offset",
         "_outputs",
         "_pending",
+        "_pending_values",
         "_timers",
         "_timestamp",
         "_watermark",
@@ -138,6 +152,12 @@ class RecordContext:
         self._key_bytes = b""
         self._offset = 0
         self._pending: dict[str, bytes | None] = {}
+        self._pending_values: dict[str, Any] = {}
+        """Decoded immutable values among ``_pending`` (``update`` of a ValueState)."""
+        self._batch: dict[bytes, dict[str, bytes | None]] = {}
+        """The batch's applied writes, not yet in the cache: key -> state -> value."""
+        self._decoded: dict[bytes, dict[str, Any]] = {}
+        """Decoded immutable values of the batch's keys: key -> state -> value."""
         self._outputs: list[Any] = []
         self._timers = TimerService()
         self._timestamp: int | None = None
@@ -154,6 +174,7 @@ class RecordContext:
             self._timers.ops = []
         if self._pending:
             self._pending = {}
+            self._pending_values = {}
         if self._outputs:
             self._outputs = []
 
@@ -198,6 +219,9 @@ class RecordContext:
         pending = self._pending
         if state in pending:
             return pending[state]
+        written = self._batch.get(self._key_bytes)
+        if written is not None and state in written:
+            return written[state]
         try:
             return self._cache.get(self._kg, state, self._key_bytes)
         except CacheMiss:
@@ -205,6 +229,74 @@ class RecordContext:
 
     def write(self, state: str, value: bytes | None) -> None:
         self._pending[state] = value
+
+    def read_value(self, state: str, decode: Callable[[bytes], Any], default: Any) -> Any:
+        if state in self._pending:  # written by this record (rare): as stored
+            raw = self._pending[state]
+            return default if raw is None else decode(raw)
+        kb = self._key_bytes
+        decoded = self._decoded.get(kb)
+        if decoded is not None and state in decoded:
+            return decoded[state]
+        raw = self.read(state)
+        value = default if raw is None else decode(raw)
+        if type(value) in IMMUTABLE_TYPES:
+            if decoded is None:
+                self._decoded[kb] = {state: value}
+            else:
+                decoded[state] = value
+        return value
+
+    def write_value(self, state: str, raw: bytes | None, value: Any, shareable: bool) -> None:
+        self._pending[state] = raw
+        if shareable:
+            self._pending_values[state] = value
+        elif self._pending_values:
+            self._pending_values.pop(state, None)
+
+    # -- the runner's side ----------------------------------------------------------
+    def apply(self) -> None:
+        """The current record (or timer) succeeded: its writes join the batch's (the
+        pending dicts are the record's own: :meth:`begin` starts new ones)."""
+        kb = self._key_bytes
+        pending = self._pending
+        written = self._batch.get(kb)
+        if written is None:
+            self._batch[kb] = pending
+        else:
+            written.update(pending)
+        values = self._pending_values
+        decoded = self._decoded.get(kb)
+        if decoded is None:
+            if values:
+                self._decoded[kb] = values
+        else:
+            if len(values) != len(pending):  # a write of a value that is not shared
+                for state in pending:
+                    if state not in values:
+                        decoded.pop(state, None)
+            decoded.update(values)
+
+    def flush(self) -> None:
+        """Put the batch's writes into the cache (dirty until the next commit)."""
+        batch = self._batch
+        if batch:
+            put_key = self._cache.put_key
+            kg = self._kg
+            for kb, values in batch.items():
+                put_key(kg, kb, values)
+            self._batch = {}
+
+    def new_batch(self) -> None:
+        """Forget the decoded values: a new batch reads from the cache again."""
+        self.flush()
+        if self._decoded:
+            self._decoded = {}
+
+    def discard(self) -> None:
+        """Forget the batch's writes and decoded values (the cache was dropped)."""
+        self._batch = {}
+        self._decoded = {}
 
 
 class UserFunctionError(Exception):
@@ -252,7 +344,9 @@ Failure = UserFunctionError | PoisonRecordError | CorruptStateError
 
 
 class KeyGroupRunner:
-    def __init__(self, deps: RuntimeDeps, claim: Claim) -> None:
+    def __init__(
+        self, deps: RuntimeDeps, claim: Claim, *, learned: float | None = None, via: str = ""
+    ) -> None:
         self.deps = deps
         self.key_group = claim.key_group
         self.epoch = claim.epoch
@@ -287,11 +381,20 @@ class KeyGroupRunner:
         self.timers_fired = 0
         self._ctx = RecordContext(self.key_group, deps.cache, deps.job.state_names, self.watermark)
         self.records_processed = 0
+        self.handoff_marks: dict[str, float] = {} if learned is None else {"learned": learned}
+        """This owner's handoff timeline (unix times): after the claim ``learned`` (of the
+        release), ``loaded``, ``first_batch`` (recorded in the store after the first batch);
+        when releasing ``release_requested``, ``batch_ended``, ``flushed``, ``committed``
+        (sent with the release)."""
+        self._via = via
+        self._handoff_recorded = False
 
     # -- control (called by the worker) -----------------------------------------
 
     def request_release(self, generation: int) -> None:
         """Finish the batch, flush, commit, mark released at ``generation``, drop the cache."""
+        if self.release_generation is None:
+            self.handoff_marks = {"release_requested": time.time()}
         self.release_generation = generation
         self._wake.set()
 
@@ -334,6 +437,11 @@ class KeyGroupRunner:
             while True:
                 try:
                     if self.release_generation is not None:
+                        if "batch_ended" not in self.handoff_marks:
+                            # a checkpoint during the batch flushed and committed before
+                            self.handoff_marks.pop("flushed", None)
+                            self.handoff_marks.pop("committed", None)
+                            self.handoff_marks["batch_ended"] = time.time()
                         await self._release(self.release_generation)
                         return RunnerResult(kg, Outcome.RELEASED)
                     if self.stopping:
@@ -414,6 +522,8 @@ class KeyGroupRunner:
                 )
             else:
                 until_checkpoint = IDLE_SECONDS
+            if not self._handoff_recorded:
+                await self._record_handoff(time.time(), None)
             await self._wait(max(0.001, min(until_data, until_checkpoint)))
             return
         # busy: the time spent on this batch on the event loop, store round trips excluded
@@ -434,17 +544,37 @@ class KeyGroupRunner:
             keys = [key_by(r) for r in batch.records]
         key_bytes = [encode_key(k) for k in keys]
         waited = await self._load(key_bytes)
+        loaded = 0.0 if self._handoff_recorded else time.time()
         try:
             done = self._process(batch, keys, key_bytes)
         finally:
             busy = time.perf_counter() - started - waited - waited_timers
             deps.metrics.busy_seconds.inc(max(0.0, busy))
         deps.metrics.records_processed.inc(done)
+        if not self._handoff_recorded:
+            await self._record_handoff(loaded, time.time())
         if self.failed is not None:
             await self._checkpoint_failed()
         elif due or deps.cache.needs_checkpoint:
             await self.checkpoint()
         await asyncio.sleep(0)  # let the other key groups and the watcher run
+
+    async def _record_handoff(self, loaded: float, first_batch: float | None) -> None:
+        """Record in the store, once after the claim, when this owner learned of the
+        release, loaded the first batch's state and processed it (a diagnostic: the
+        controller's rescale record shows it; a failure to record changes nothing)."""
+        self._handoff_recorded = True
+        marks = {**self.handoff_marks, "loaded": loaded}
+        if first_batch is not None:
+            marks["first_batch"] = first_batch
+        deps = self.deps
+        try:
+            await deps.store.record_handoff(
+                deps.job_name, self.key_group, epoch=self.epoch, token=self.token,
+                marks=marks, via=self._via,
+            )  # fmt: skip
+        except StoreError as exc:
+            log.debug("key group %d: handoff marks not recorded: %s", self.key_group, exc)
 
     async def _load(self, key_bytes: list[bytes]) -> float:
         """Load the batch's missing state entries; return the seconds spent waiting."""
@@ -452,9 +582,10 @@ class KeyGroupRunner:
         deps = self.deps
         cache = deps.cache
         states = deps.job.state_names
-        protect = len(set(key_bytes)) * len(states)
+        unique = list(dict.fromkeys(key_bytes))  # a hot key once per batch
+        protect = len(unique) * len(states)
         for state in states:
-            missing = cache.missing(self.key_group, state, key_bytes)
+            missing = cache.missing(self.key_group, state, unique, repeats=len(key_bytes))
             if missing:
                 before = time.perf_counter()
                 found = await deps.store.get_many(deps.job_name, self.key_group, state, missing)
@@ -464,11 +595,20 @@ class KeyGroupRunner:
         return waited
 
     def _process(self, batch: SourceBatch, keys: Sequence[Hashable], key_bytes: list[bytes]) -> int:
+        """Run the user function over the batch's records; the number processed."""
+        self._ctx.new_batch()
+        try:
+            return self._process_records(batch, keys, key_bytes)
+        finally:
+            self._ctx.flush()
+
+    def _process_records(
+        self, batch: SourceBatch, keys: Sequence[Hashable], key_bytes: list[bytes]
+    ) -> int:
         deps = self.deps
         kg = self.key_group
         ctx = self._ctx
         process = deps.job.process
-        cache = deps.cache
         outputs = deps.outputs
         offset = self.position
         done = 0
@@ -525,8 +665,8 @@ class KeyGroupRunner:
                     break
                 continue
             kb = key_bytes[i]
-            for state, value in ctx._pending.items():
-                cache.put(kg, state, kb, value)
+            if ctx._pending:
+                ctx.apply()
             if ctx._outputs:
                 outputs.emit_all(kg, offset, ctx._key, ctx._outputs)
             if ctx._timers.ops:
@@ -568,6 +708,7 @@ class KeyGroupRunner:
         deps = self.deps
         self.failed = CorruptStateError(self.key_group, offset, key, exc)
         deps.cache.drop(self.key_group)
+        self._ctx.discard()
         log.error(
             "%s; key group %d stopped at its last commit (position %d), whatever the "
             "errorPolicy: repair or delete the value, then move or restart the key group",
@@ -641,10 +782,15 @@ class KeyGroupRunner:
     def _fire(self, queue: str, until: int) -> bool:
         """Fire ``queue``'s timers up to ``until`` in (time, key) order; False: a timer's
         key is not loaded (or a user error stopped the key group), retry next step."""
+        try:
+            return self._fire_timers(queue, until)
+        finally:
+            self._ctx.flush()
+
+    def _fire_timers(self, queue: str, until: int) -> bool:
         deps = self.deps
         kg = self.key_group
         ctx = self._ctx
-        cache = deps.cache
         outputs = deps.outputs
         on_timer = deps.job.on_timer
         assert on_timer is not None
@@ -677,8 +823,8 @@ class KeyGroupRunner:
                     timers.pop_fired(queue, kb, time_ms, member)
                     continue
                 timers.pop_fired(queue, kb, time_ms, member)
-                for state, value in ctx._pending.items():
-                    cache.put(kg, state, kb, value)
+                if ctx._pending:
+                    ctx.apply()
                 if ctx._outputs:
                     origin = TimerOrigin(queue, time_ms, key)
                     outputs.emit_all(kg, self.position, key, ctx._outputs, origin)
@@ -695,6 +841,8 @@ class KeyGroupRunner:
         if not self._uncommitted():
             return
         await deps.outputs.flush(kg)
+        if self.release_generation is not None:
+            self.handoff_marks["flushed"] = time.time()
         puts, deletes = deps.cache.dirty_changes(kg)
         timer_changes = self.timers.changes()
         watermark = self.watermark.value
@@ -719,6 +867,8 @@ class KeyGroupRunner:
             raise
         self._commit_in_doubt = False
         crash_point("commit.after")
+        if self.release_generation is not None:
+            self.handoff_marks["committed"] = time.time()
         deps.metrics.commit_duration.observe(time.perf_counter() - started)
         self._fence_checked = time.monotonic()
         self.confirmed = True
@@ -747,6 +897,9 @@ class KeyGroupRunner:
         deps = self.deps
         if self.failed is None:
             await self.checkpoint()
+        marks = self.handoff_marks
+        marks.setdefault("flushed", marks["batch_ended"])  # nothing was left to flush
+        marks.setdefault("committed", marks["flushed"])  # nor to commit
         crash_point("release.before")
         stored_seq = await deps.store.release(
             deps.job_name,
@@ -755,6 +908,7 @@ class KeyGroupRunner:
             token=self.token,
             generation=generation,
             seq=self.seq,
+            marks=marks,
         )
         if stored_seq != self.seq:
             deps.metrics.commits_lost.inc()

@@ -55,8 +55,27 @@ class WorkerStore(Protocol):
         self, job: str, key_group: int, *, epoch: int, token: str, seq: int
     ) -> None: ...
     async def release(
-        self, job: str, key_group: int, *, epoch: int, token: str, generation: int, seq: int = -1
+        self,
+        job: str,
+        key_group: int,
+        *,
+        epoch: int,
+        token: str,
+        generation: int,
+        seq: int = -1,
+        marks: Mapping[str, float] | None = None,
     ) -> int: ...
+    def watch_release(self, job: str, key_group: int) -> AsyncIterator[None]: ...
+    async def record_handoff(
+        self,
+        job: str,
+        key_group: int,
+        *,
+        epoch: int,
+        token: str,
+        marks: Mapping[str, float],
+        via: str = "",
+    ) -> bool: ...
     async def key_group_info(self, job: str, key_group: int) -> KeyGroupInfo: ...
     async def get_many(
         self, job: str, key_group: int, state_name: str, keys: Collection[bytes]
@@ -83,6 +102,11 @@ class _KeyGroup:
     claimed_generation: int = 0
     released_generation: int = 0
     watermark: int | None = None
+    claimed_at: float | None = None
+    released_at: float | None = None
+    release_marks: dict[str, float] = field(default_factory=dict)
+    claim_marks: dict[str, float] = field(default_factory=dict)
+    claim_via: str = ""
     states: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
     timers: dict[str, dict[bytes, int]] = field(default_factory=dict)
 
@@ -95,6 +119,7 @@ class MemoryStore:
         self._groups: dict[tuple[str, int], _KeyGroup] = {}
         self._assignments: dict[str, Assignment] = {}
         self._changed = asyncio.Condition()
+        self._release_watchers: dict[tuple[str, int], set[asyncio.Queue[None]]] = {}
         self.acks: dict[str, dict[str, int]] = {}
         self.alive: dict[str, dict[str, float]] = {}
 
@@ -127,6 +152,9 @@ class MemoryStore:
         kg.token = secrets.token_hex(16)
         kg.owner = owner
         kg.claimed_generation = generation
+        kg.claimed_at = time.time()
+        kg.claim_marks = {}
+        kg.claim_via = ""
         return Claim(job, key_group, owner, kg.epoch, kg.token, kg.seq, kg.position, kg.watermark)
 
     def _fence(self, job: str, key_group: int, epoch: int, token: str, seq: int) -> None:
@@ -177,14 +205,56 @@ class MemoryStore:
         self._fence(job, key_group, epoch, token, seq)
 
     async def release(
-        self, job: str, key_group: int, *, epoch: int, token: str, generation: int, seq: int = -1
+        self,
+        job: str,
+        key_group: int,
+        *,
+        epoch: int,
+        token: str,
+        generation: int,
+        seq: int = -1,
+        marks: Mapping[str, float] | None = None,
     ) -> int:
         self._fence(job, key_group, epoch, token, -1)
         kg = self._kg(job, key_group)
         kg.token = ""
         kg.owner = ""
         kg.released_generation = generation
+        kg.released_at = time.time()
+        kg.release_marks = dict(marks or {})
+        for queue in self._release_watchers.get((job, key_group), ()):
+            queue.put_nowait(None)
         return kg.seq
+
+    async def watch_release(self, job: str, key_group: int) -> AsyncIterator[None]:
+        queue: asyncio.Queue[None] = asyncio.Queue()
+        watchers = self._release_watchers.setdefault((job, key_group), set())
+        watchers.add(queue)
+        try:
+            yield  # subscribed
+            while True:
+                await queue.get()
+                yield
+        finally:
+            watchers.discard(queue)
+
+    async def record_handoff(
+        self,
+        job: str,
+        key_group: int,
+        *,
+        epoch: int,
+        token: str,
+        marks: Mapping[str, float],
+        via: str = "",
+    ) -> bool:
+        kg = self._kg(job, key_group)
+        if kg.epoch != epoch or kg.token != token:
+            return False
+        kg.claim_marks.update(marks)
+        if via:
+            kg.claim_via = via
+        return True
 
     async def key_group_info(self, job: str, key_group: int) -> KeyGroupInfo:
         kg = self._kg(job, key_group)
@@ -200,6 +270,11 @@ class MemoryStore:
             released_generation=kg.released_generation,
             entries=sum(len(s) for s in kg.states.values()),
             timers=sum(len(t) for t in kg.timers.values()),
+            claimed_at=kg.claimed_at,
+            released_at=kg.released_at,
+            release_marks=dict(kg.release_marks),
+            claim_marks=dict(kg.claim_marks),
+            claim_via=kg.claim_via,
         )
 
     async def get_many(

@@ -8,7 +8,10 @@ One asyncio task per owned key group (:class:`KeyGroupRunner`), plus:
   starts claimers for gained ones, and acks the generation once it runs it;
 - a claimer per gained key group: it claims at once when the assignment forces
   it, when nobody owns the key group, or when the store names this very
-  worker (a restart); otherwise it waits for the previous owner's release;
+  worker (a restart); otherwise it waits for the previous owner's release: the
+  release script announces it on the key group's (sharded) pub/sub channel, so the
+  claimer looks again at once; a slow poll (``claim_poll_seconds``) covers a lost
+  notification, and a new assignment wakes it too (a claim by force);
 - a heartbeat that records the worker alive in the store (readiness; ``keyshift store
   delete`` refuses a job with live workers); when it reconnects, every runner asks
   the store at once whether it still holds its fence (the store may have lost commits).
@@ -65,7 +68,11 @@ from keyshift.store.protocol import (
 
 log = logging.getLogger("keyshift.runtime")
 
-CLAIM_POLL_SECONDS = 0.05
+CLAIM_POLL_SECONDS = 1.0
+"""The claimer's safety net: how often it looks at the store when no release notification
+came (one may be lost: a dropped connection, a failover).  Notifications do the work."""
+CLAIM_RETRY_SECONDS = 0.05
+"""How soon a claimer tries again after the store was unreachable."""
 RECONCILE_SECONDS = 0.25
 HEARTBEAT_SECONDS = 2.0
 
@@ -80,6 +87,7 @@ class Worker:
         sink: Sink | None = None,
         metrics: WorkerMetrics | None = None,
         assignment_poll_seconds: float = 0.5,
+        claim_poll_seconds: float = CLAIM_POLL_SECONDS,
     ) -> None:
         self.settings = settings
         self.job = job
@@ -92,6 +100,11 @@ class Worker:
         self.metrics = metrics or WorkerMetrics(self.job_name, self.name)
         self.cache = StateCache(settings.spec.state_store.cache_bytes)
         self.assignment_poll_seconds = assignment_poll_seconds
+        self.claim_poll_seconds = claim_poll_seconds
+        self._claim_wakes: dict[int, tuple[asyncio.Event, list[str]]] = {}
+        """Per waiting claimer: its wake-up and why it was woken (``notified``, ...)."""
+        self.release_watches: set[int] = set()
+        """Key groups whose release this worker is subscribed to (it waits to claim them)."""
         self.assignment: Assignment | None = None
         self.acked_generation = 0
         self.runners: dict[int, KeyGroupRunner] = {}
@@ -346,6 +359,15 @@ class Worker:
             self.assignment = assignment
             self._assignment_seen_at = time.monotonic()
             self._wake.set()
+            for kg in list(self._claim_wakes):  # a claim by force does not wait for a poll
+                self._nudge_claimer(kg, "assignment")
+
+    def _nudge_claimer(self, kg: int, why: str) -> None:
+        found = self._claim_wakes.get(kg)
+        if found is not None:
+            event, reasons = found
+            reasons.append(why)
+            event.set()
 
     async def _heartbeat(self) -> None:
         while not self._stop.is_set():
@@ -468,6 +490,12 @@ class Worker:
 
     async def _claim(self, kg: int) -> None:
         assert self._deps is not None
+        wake = asyncio.Event()
+        reasons: list[str] = []
+        self._claim_wakes[kg] = (wake, reasons)
+        listener: asyncio.Task[None] | None = None
+        via = "found"  # how it learned it may claim: a first look finds it released
+        learned = time.time()
         try:
             while not self._stop.is_set():
                 assignment = self.assignment
@@ -476,9 +504,16 @@ class Worker:
                 forced = kg in self._force_next or (
                     kg in assignment.forced and (assignment.generation, kg) not in self._forced_done
                 )
+                delay = self.claim_poll_seconds
                 try:
                     info = await self.store.key_group_info(self.job_name, kg)
+                    if via in ("found", "polled"):  # it knows when the store's answer comes
+                        learned = time.time()
                     if may_claim(store_owner=info.owner, me=self.name, forced=forced):
+                        if forced:
+                            via = "forced"
+                        elif info.owner == self.name:
+                            via = "own"
                         claim = await self.store.claim(
                             self.job_name, kg, self.name, generation=assignment.generation
                         )
@@ -486,29 +521,61 @@ class Worker:
                         self._forced_done.add((assignment.generation, kg))
                         self._force_next.discard(kg)
                         self.cache.drop(kg)
-                        runner = KeyGroupRunner(self._deps, claim)
+                        runner = KeyGroupRunner(self._deps, claim, learned=learned, via=via)
                         self._deps.source.assign(kg, claim.position, runner.data_arrived)
                         self.runners[kg] = runner
                         task = asyncio.create_task(runner.run(), name=f"key-group-{kg}")
                         task.add_done_callback(lambda _t: self._wake.set())
                         self._tasks[kg] = task
                         log.info(
-                            "claimed key group %d (epoch %d, position %d%s)",
-                            kg, claim.epoch, claim.position, ", forced" if forced else "",
+                            "claimed key group %d (epoch %d, position %d, %s)",
+                            kg, claim.epoch, claim.position, via,
                         )  # fmt: skip
                         return
+                    if listener is None:  # not released yet: hear of the release at once
+                        listener = asyncio.create_task(
+                            self._listen_release(kg), name=f"release-watch-{kg}"
+                        )
                 except StoreUnavailable as exc:
                     log.warning("claiming key group %d: %s", kg, exc)
+                    delay = CLAIM_RETRY_SECONDS
                 except StaleClaim as exc:  # the watcher brings the newer assignment
                     log.info("%s; waiting for the newer assignment", exc)
-                    await wait_event(self._stop, self.assignment_poll_seconds)
+                    delay = self.assignment_poll_seconds
                 except StoreError as exc:
                     self._store_failed(kg, exc)
                     return  # reconcile starts a new claimer after the back-off
-                await wait_event(self._stop, CLAIM_POLL_SECONDS)
+                woken = await wait_event(wake, delay)
+                wake.clear()
+                learned = time.time()
+                via = reasons[-1] if woken and reasons else "polled"
+                reasons.clear()
         finally:
+            self._claim_wakes.pop(kg, None)
+            if listener is not None:
+                listener.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await listener
             self._claimers.pop(kg, None)
             self._wake.set()
+
+    async def _listen_release(self, kg: int) -> None:
+        """Wake the claimer of ``kg`` when the store announces its release (and once the
+        subscription stands: a release just before it has no notification)."""
+        first = True
+        watch = self.store.watch_release(self.job_name, kg)
+        try:
+            async for _ in watch:
+                self.release_watches.add(kg)
+                self._nudge_claimer(kg, "subscribed" if first else "notified")
+                first = False
+        except StoreError as exc:  # the claimer's poll covers
+            log.info("release notifications of key group %d: %s", kg, exc)
+        finally:
+            self.release_watches.discard(kg)
+            aclose = getattr(watch, "aclose", None)  # its subscription ends now, not later
+            if aclose is not None:
+                await aclose()
 
 
 def _error_type(failure: Failure) -> str:

@@ -34,6 +34,12 @@ def timers(job: str, key_group: int, queue: str) -> str:
     return f"{PREFIX}:{key_group_tag(job, key_group)}:t:{queue}"
 
 
+def release_channel(job: str, key_group: int) -> str:
+    """Sharded pub/sub channel on which a key group's release is announced (same slot as
+    its keys: the release script publishes it, the waiting new owner subscribes)."""
+    return f"{PREFIX}:{key_group_tag(job, key_group)}:released"
+
+
 def job_info(job: str) -> str:
     return f"{PREFIX}:{{{job}}}:info"
 

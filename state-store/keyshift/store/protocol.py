@@ -232,6 +232,25 @@ class KeyGroupInfo:
     last_pause: float | None = None
     """Seconds the last handoff paused this key group: from the previous owner's
     release (or, after a claim by force, its last commit) to the claim."""
+    release_marks: Mapping[str, float] = field(default_factory=dict)
+    """The last releaser's handoff marks (unix times, its clock): ``release_requested``,
+    ``batch_ended``, ``flushed``, ``committed`` (see :data:`RELEASE_MARKS`)."""
+    claim_marks: Mapping[str, float] = field(default_factory=dict)
+    """The current owner's handoff marks since its claim (its clock): ``learned``,
+    ``loaded``, ``first_batch`` (see :data:`CLAIM_MARKS`)."""
+    claim_via: str = ""
+    """How the current owner learned it could claim: ``notified`` (the release's
+    notification), ``subscribed`` (released while it subscribed), ``polled`` (the safety-net
+    poll), ``found`` (released when it first looked), ``forced``, ``own``, ``assignment``."""
+
+
+RELEASE_MARKS = ("release_requested", "batch_ended", "flushed", "committed")
+"""The old owner's steps of a handoff, in order (then the store's ``released_at``):
+asked to release, its batch in progress ended, outputs flushed, last commit applied."""
+
+CLAIM_MARKS = ("learned", "loaded", "first_batch")
+"""The new owner's steps of a handoff (around the store's ``claimed_at``): learned of the
+release (before the claim), the first batch's state loaded, the first batch processed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,13 +367,49 @@ class StateStore(Protocol):
         ...
 
     async def release(
-        self, job: str, key_group: int, *, epoch: int, token: str, generation: int, seq: int = -1
+        self,
+        job: str,
+        key_group: int,
+        *,
+        epoch: int,
+        token: str,
+        generation: int,
+        seq: int = -1,
+        marks: Mapping[str, float] | None = None,
     ) -> int:
         """Give the key group up at ``generation``; later commits with this fence fail.
+        Watchers of the key group's release (:meth:`watch_release`) are notified.
 
         Returns the stored commit sequence: when it is not ``seq`` (if given), the store
         lost acknowledged commits of the releaser; the next owner resumes from what the
-        store holds, so the state is consistent, but the releaser must say so."""
+        store holds, so the state is consistent, but the releaser must say so.  ``marks``
+        (the releaser's handoff timeline, :data:`RELEASE_MARKS`) replace the previous
+        release's in :attr:`KeyGroupInfo.release_marks`."""
+        ...
+
+    def watch_release(self, job: str, key_group: int) -> AsyncGenerator[None, None]:
+        """Yield once subscribed to the key group's release notifications, then once per
+        release (and once after each resubscription).
+
+        How a new owner waiting for the previous owner's release learns of it at once.
+        Best effort: a notification can be lost (a dropped connection, a failover), so
+        the waiter also looks at the store now and then; it looks once more at the
+        first yield (a release before the subscription has no notification for it)."""
+        ...
+
+    async def record_handoff(
+        self,
+        job: str,
+        key_group: int,
+        *,
+        epoch: int,
+        token: str,
+        marks: Mapping[str, float],
+        via: str = "",
+    ) -> bool:
+        """Add the owner's handoff marks (:data:`CLAIM_MARKS`) and how it learned of the
+        release to :attr:`KeyGroupInfo.claim_marks`, if it still holds the fence (a claim
+        clears them); False when it does not (nothing written)."""
         ...
 
     async def key_group_info(self, job: str, key_group: int) -> KeyGroupInfo: ...

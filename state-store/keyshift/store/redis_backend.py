@@ -71,6 +71,13 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+RESUBSCRIBE_SECONDS = 1.0
+"""How long a release watcher waits before subscribing again after a failure (and at
+most between two reads of its subscription)."""
+SUBSCRIBE_SECONDS = 5.0
+"""How long a subscription's confirmation may take before it is made again."""
+
+
 class _AssignmentRecord(msgspec.Struct, frozen=True):
     generation: int
     parallelism: int
@@ -78,7 +85,7 @@ class _AssignmentRecord(msgspec.Struct, frozen=True):
     forced: list[int]
 
 
-KEY_GROUP_SCRIPTS = ("claim", "commit", "release", "load_key_group")
+KEY_GROUP_SCRIPTS = ("claim", "commit", "release", "load_key_group", "handoff_marks")
 """Scripts that read a key group's metadata: ``meta.lua`` (its checked reads) goes first."""
 
 
@@ -131,6 +138,18 @@ def _meta_float(meta: dict[bytes, bytes], field: str, job: str, key_group: int) 
         ) from None
 
 
+def _marks(meta: dict[bytes, bytes], prefix: bytes, job: str, key_group: int) -> dict[str, float]:
+    """The handoff marks stored under ``prefix`` (``r:`` releaser, ``c:`` claimer)."""
+    found: dict[str, float] = {}
+    for raw_field in meta:
+        if raw_field.startswith(prefix) and raw_field != b"c:via":
+            name = raw_field[len(prefix) :].decode(errors="replace")
+            at = _meta_float(meta, raw_field.decode(errors="replace"), job, key_group)
+            if at is not None:
+                found[name] = at
+    return found
+
+
 def _escape_glob(prefix: bytes) -> bytes:
     out = bytearray()
     for byte in prefix:
@@ -159,7 +178,7 @@ class RedisStateStore:
         self._init_lock = asyncio.Lock()
         self._scripts = {
             name: self._client.register_script(_load_script(name))
-            for name in ("claim", "commit", "release", "publish_assignment", "load_key_group")
+            for name in (*KEY_GROUP_SCRIPTS, "publish_assignment")
         }
 
     # -- plumbing ------------------------------------------------------------
@@ -407,15 +426,22 @@ class RedisStateStore:
             raise fenced
 
     async def release(
-        self, job: str, key_group: int, *, epoch: int, token: str, generation: int, seq: int = -1
+        self,
+        job: str,
+        key_group: int,
+        *,
+        epoch: int,
+        token: str,
+        generation: int,
+        seq: int = -1,
+        marks: Mapping[str, float] | None = None,
     ) -> int:
-        reply = await self._script(
-            "release",
-            [keys.meta(job, key_group)],
-            [epoch, token, generation, repr(time.time())],
-            job,
-            key_group,
-        )
+        args: list[Any] = [
+            epoch, token, generation, repr(time.time()), keys.release_channel(job, key_group)
+        ]  # fmt: skip
+        for name, at in (marks or {}).items():
+            args += [name, repr(float(at))]
+        reply = await self._script("release", [keys.meta(job, key_group)], args, job, key_group)
         if reply[0] != b"OK":
             raise Fenced(
                 job,
@@ -427,6 +453,71 @@ class RedisStateStore:
                 stored_seq=int(reply[3]),
             )
         return int(reply[1])
+
+    async def record_handoff(
+        self,
+        job: str,
+        key_group: int,
+        *,
+        epoch: int,
+        token: str,
+        marks: Mapping[str, float],
+        via: str = "",
+    ) -> bool:
+        args: list[Any] = [epoch, token, via]
+        for name, at in marks.items():
+            args += [name, repr(float(at))]
+        reply = await self._script(
+            "handoff_marks", [keys.meta(job, key_group)], args, job, key_group
+        )
+        return bool(int(reply))
+
+    async def watch_release(self, job: str, key_group: int) -> AsyncGenerator[None, None]:
+        """Subscribe (sharded: SSUBSCRIBE on the node serving the key group's slot) to the
+        release channel the release script publishes on; yield once subscribed, then per
+        message.  A subscription that fails or breaks is made again (and yields again)."""
+        channel = keys.release_channel(job, key_group)
+        while True:
+            pubsub = await self._subscribe(channel)
+            if pubsub is None:
+                await asyncio.sleep(RESUBSCRIBE_SECONDS)  # the waiter's poll covers
+                continue
+            try:
+                if not await self._subscribed(pubsub, channel):
+                    await asyncio.sleep(RESUBSCRIBE_SECONDS)
+                    continue
+                yield  # subscribed: a release from now on is announced
+                while True:
+                    message = await self._message(pubsub, wait=RESUBSCRIBE_SECONDS)
+                    if message is None:
+                        continue
+                    if message.get("type") in ("smessage", "message"):
+                        yield
+                    elif message.get("type") == "sunsubscribe":
+                        break  # the slot moved (a failover): subscribe again
+            except TRANSIENT_ERRORS:
+                await asyncio.sleep(RESUBSCRIBE_SECONDS / 10)
+            finally:
+                await self._close_pubsub(pubsub)
+
+    async def _message(self, pubsub: Any, *, wait: float) -> dict[str, Any] | None:
+        """The subscription's next message (or None after ``wait`` seconds)."""
+        if self.cluster:
+            found = await pubsub.get_sharded_message(timeout=wait)
+        else:
+            found = await pubsub.get_message(timeout=wait)
+        return found if isinstance(found, dict) else None
+
+    async def _subscribed(self, pubsub: Any, channel: str) -> bool:
+        """Wait for the server's confirmation of the subscription: a release published
+        after it is delivered (a release checked for on another connection before it might
+        not be)."""
+        deadline = time.monotonic() + SUBSCRIBE_SECONDS
+        while (left := deadline - time.monotonic()) > 0:
+            message = await self._message(pubsub, wait=left)
+            if message is not None and message.get("type") == "ssubscribe":
+                return True
+        return False
 
     async def key_group_info(self, job: str, key_group: int) -> KeyGroupInfo:
         meta: dict[bytes, bytes] = await self._retrying(
@@ -472,6 +563,9 @@ class RedisStateStore:
             released_at=real("released_at"),
             committed_at=real("committed_at"),
             last_pause=real("pause"),
+            release_marks=_marks(meta, b"r:", job, key_group),
+            claim_marks=_marks(meta, b"c:", job, key_group),
+            claim_via=meta.get(b"c:via", b"").decode(errors="replace"),
         )
 
     async def owners(self, job: str, key_groups: Collection[int]) -> dict[int, str]:

@@ -29,6 +29,11 @@ local since = m[4]
 if m[2] == '' then since = m[3] end
 redis.call('HSET', KEYS[1], 'epoch', epoch, 'token', ARGV[2], 'owner', ARGV[1],
            'claimed_generation', ARGV[3], 'claimed_at', ARGV[4])
+-- the previous claimer's handoff marks ('c:'): this claimer records its own
+local fields = redis.call('HKEYS', KEYS[1])
+for _, field in ipairs(fields) do
+  if string.sub(field, 1, 2) == 'c:' then redis.call('HDEL', KEYS[1], field) end
+end
 if since and tonumber(since) then
   redis.call('HSET', KEYS[1], 'pause', tostring(tonumber(ARGV[4]) - tonumber(since)))
 else

@@ -1,0 +1,141 @@
+"""The new owner of a key group learns of its release by notification, not by polling.
+
+A worker waits to claim key groups that a stand-in old owner (the test) holds; its
+claim poll is an hour long, so only the release's notification can make the claim
+prompt. A release whose notification is lost still ends in a claim through the
+(here shortened) poll. Against Valkey/Redis standalone, a real Redis Cluster (sharded
+pub/sub on the key group's slot) and the in-process MemoryStore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import pytest
+
+from examples.counter import job as counter_job
+from keyshift.runtime.config import StreamJob, settings_from
+from keyshift.runtime.store import MemoryStore
+from keyshift.runtime.worker import Worker
+from keyshift.store import Assignment, Claim, keys, open_store
+from tests.support import wait_for
+
+KEY_GROUPS = 2
+HOUR = 3600.0
+
+
+@pytest.fixture(params=["standalone", "cluster", "memory"])
+async def worker_store(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    server = request.getfixturevalue(
+        "standalone_server" if request.param == "standalone" else "cluster_servers"
+    )
+    s = open_store(server.url, retry_seconds=10)
+    yield s
+    await s.close()
+
+
+def manifest(job: str) -> StreamJob:
+    return StreamJob.model_validate(
+        {
+            "metadata": {"name": job},
+            "spec": {
+                "job": "examples.counter:job",
+                "keyGroups": KEY_GROUPS,
+                "source": {"seed": 4, "keys": 50, "limit": 1000,
+                           "rate": {"recordsPerSecond": 200}},
+                "checkpointInterval": "50ms",
+            },
+        }
+    )  # fmt: skip
+
+
+@asynccontextmanager
+async def waiting_worker(
+    store: Any, job: str, claim_poll_seconds: float
+) -> AsyncIterator[tuple[Worker, list[Claim]]]:
+    """Worker 0 of ``job``, given every key group at generation 1 while a stand-in old
+    owner still holds them: it subscribes to their releases and waits."""
+    await store.init_job(job, KEY_GROUPS)
+    held = [await store.claim(job, kg, "old-owner", generation=0) for kg in range(KEY_GROUPS)]
+    await store.publish_assignment(job, Assignment(1, 1, (0,) * KEY_GROUPS), expected_generation=0)
+    m = manifest(job)
+    worker = Worker(
+        settings_from(m, ordinal=0, store_url="redis://unused"), counter_job, store,
+        claim_poll_seconds=claim_poll_seconds,
+    )  # fmt: skip
+    task = asyncio.create_task(worker.run())
+    try:
+        await wait_for(lambda: worker.release_watches == set(range(KEY_GROUPS)), 20,
+                       "the worker to subscribe to both releases")  # fmt: skip
+        yield worker, held
+    finally:
+        worker.stop()
+        async with asyncio.timeout(30):
+            await task
+
+
+async def claimed(store: Any, job: str, kg: int, worker: Worker) -> bool:
+    return bool((await store.key_group_info(job, kg)).owner == worker.name)
+
+
+async def test_the_claim_follows_the_release_without_waiting_for_the_poll(
+    worker_store: Any, job: str
+) -> None:
+    async with waiting_worker(worker_store, job, HOUR) as (worker, held):
+        for kg, claim in enumerate(held):
+            released_at = time.time()
+            await worker_store.release(job, kg, epoch=claim.epoch, token=claim.token, generation=1)
+            # an hour-long poll: only the notification can bring the claim this soon
+            await wait_for(partial(claimed, worker_store, job, kg, worker), 10,
+                           f"key group {kg} claimed after its release")  # fmt: skip
+            info = await worker_store.key_group_info(job, kg)
+            assert info.claimed_at is not None and info.claimed_at >= released_at
+        await wait_for(
+            lambda: worker.acked_generation == 1 and worker.release_watches == set(),
+            10,
+            "the worker to run generation 1",
+        )
+        for kg in range(KEY_GROUPS):  # the new owner's timeline, as the controller reads it
+            await wait_for(partial(has_mark, worker_store, job, kg, "loaded"), 10,
+                           "the new owner's handoff marks")  # fmt: skip
+            info = await worker_store.key_group_info(job, kg)
+            assert info.claim_via == "notified"
+            assert info.claim_marks["learned"] <= info.claim_marks["loaded"]
+
+
+async def has_mark(store: Any, job: str, kg: int, mark: str) -> bool:
+    return mark in (await store.key_group_info(job, kg)).claim_marks
+
+
+async def release_silently(store: Any, job: str, kg: int, generation: int) -> None:
+    """Release ``kg`` as the release does, but with its notification lost."""
+    if isinstance(store, MemoryStore):
+        group = store._kg(job, kg)
+        group.token, group.owner, group.released_generation = "", "", generation
+        return
+    await store._client.hset(
+        keys.meta(job, kg),
+        mapping={"token": "", "owner": "", "released_generation": generation,
+                 "released_at": repr(time.time())},
+    )  # fmt: skip
+
+
+async def test_a_lost_notification_still_ends_in_a_claim_by_the_poll(
+    worker_store: Any, job: str
+) -> None:
+    async with waiting_worker(worker_store, job, 0.3) as (worker, _):
+        await release_silently(worker_store, job, 0, 1)
+        await wait_for(lambda: claimed(worker_store, job, 0, worker), 10,
+                       "key group 0 claimed by the poll")  # fmt: skip
+        await wait_for(lambda: has_mark(worker_store, job, 0, "loaded"), 10,
+                       "the new owner's handoff marks")  # fmt: skip
+        assert (await worker_store.key_group_info(job, 0)).claim_via == "polled"
+        assert worker.release_watches == {1}  # still waiting, subscribed, for the other
