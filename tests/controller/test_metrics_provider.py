@@ -13,10 +13,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from keyshift.controller.metrics_provider import (
     DirectScrapeProvider,
     KeyGroupReading,
+    LoadSample,
     ScrapeRound,
     WorkerSnapshot,
     WorkerTarget,
     counters_reset,
+    key_group_load,
     prune,
     read_scrape,
     summarize,
@@ -237,6 +239,27 @@ def test_key_group_moving_between_workers_makes_no_spike() -> None:
     middle = summarize([r0, r1], TARGETS)
     assert middle.arrival_rate == pytest.approx(40.0)
     assert middle.lag_by_key_group == {0: 0, 1: 0, 2: 0, 3: 0}
+    # per key group: arrival and processed (position) rates, across the move
+    assert sample.arrival_by_key_group == pytest.approx({0: 10.0, 1: 10.0, 2: 10.0, 3: 10.0})
+    assert sample.processed_by_key_group == pytest.approx({0: 10.0, 1: 9.5, 2: 9.5, 3: 9.5})
+    assert key_group_load(sample, 4) == pytest.approx((10.0, 10.0, 10.0, 10.0))
+
+
+def test_key_group_load_needs_every_key_group() -> None:
+    def sample(arrival: dict[int, float], processed: dict[int, float]) -> LoadSample:
+        return LoadSample(
+            at=0.0, window_seconds=10.0, workers_expected=1, workers_reporting=1,
+            arrival_rate=None, processed_rate=None, lag=None, lag_trend=None, per_worker=(),
+            lag_by_key_group={}, complete=True, missing=(),
+            arrival_by_key_group=arrival, processed_by_key_group=processed,
+        )  # fmt: skip
+
+    # the higher of arrival (demand a saturated worker cannot show) and processed rate
+    assert key_group_load(sample({0: 5.0, 1: 2.0}, {0: 3.0, 1: 4.0}), 2) == (5.0, 4.0)
+    assert key_group_load(sample({0: 5.0}, {1: 4.0}), 2) == (5.0, 4.0)
+    assert key_group_load(sample({0: 5.0}, {}), 2) is None  # key group 1 unknown: by count
+    assert key_group_load(sample({0: 0.0, 1: 0.0}, {}), 2) is None  # nothing measured
+    assert key_group_load(None, 2) is None
 
 
 def test_key_group_without_a_running_owner_is_reported() -> None:

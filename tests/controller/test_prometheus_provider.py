@@ -17,7 +17,12 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from keyshift.controller.assignment import plan_assignment
-from keyshift.controller.metrics_provider import FailedKeyGroup, LoadSample, WorkerTarget
+from keyshift.controller.metrics_provider import (
+    FailedKeyGroup,
+    LoadSample,
+    WorkerTarget,
+    key_group_load,
+)
 from keyshift.controller.prometheus_provider import (
     ARRIVAL_RATE,
     ASSIGNMENT_GENERATION,
@@ -29,6 +34,7 @@ from keyshift.controller.prometheus_provider import (
     FIRST_SEEN,
     KEY_GROUP_ARRIVAL,
     KEY_GROUP_LAG,
+    KEY_GROUP_PROCESSED,
     KEY_GROUPS_OWNED,
     LAG_TREND,
     LAST_SEEN,
@@ -73,6 +79,9 @@ def test_default_queries() -> None:
         f"deriv((max by (key_group) (keyshift_source_end_offset{sel}))[60s:1s])"
     )
     assert q[KEY_GROUP_LAG] == f"max by (key_group) (keyshift_source_lag_records{sel})"
+    assert q[KEY_GROUP_PROCESSED] == (
+        f"deriv((max by (key_group) (keyshift_source_position{sel}))[60s:1s])"
+    )
     assert q[LAG_TREND] == (
         f"deriv((sum(max by (key_group) (keyshift_source_lag_records{sel})))[60s:1s])"
     )
@@ -513,6 +522,13 @@ async def test_handoff_through_prometheus(
             seen.append(got)
             await asyncio.sleep(0.5)
         assert seen[-1].per_worker[0].key_groups_owned == 4
+        # per key group, across the handoff: 100 records/s arriving and processed each
+        for got in seen:
+            assert got.arrival_by_key_group == pytest.approx(dict.fromkeys(range(8), 100), rel=0.05)
+            assert got.processed_by_key_group == pytest.approx(
+                dict.fromkeys(range(8), 100), rel=0.05
+            )
+            assert key_group_load(got, 8) == pytest.approx((100,) * 8, rel=0.05)
 
         # Overrides: one answering nothing is missing; one that does not parse fails.
         overrides = QueriesSpec.model_validate(
@@ -588,6 +604,10 @@ async def test_real_workers_through_prometheus(
             assert w.busy_ratio is not None and 0 < w.busy_ratio < 1
             assert w.generation == 1
         assert set(got.lag_by_key_group) == set(range(key_groups))
+        load = key_group_load(got, key_groups)  # what a rescale's ranges would follow
+        assert load is not None and len(load) == key_groups
+        assert sum(load) == pytest.approx(rate, rel=0.25)
+        assert set(got.processed_by_key_group) == set(range(key_groups))
 
         workers[1].stop()
         stopped = targets[1].name

@@ -239,3 +239,42 @@ def test_decide_no_failover_of_workers_still_recovering_from_a_store_outage() ->
     assert decide("j", K, a, workers, Desired(2), 102.9, 3, store_ok_since=100.0) is None
     r = decide("j", K, a, workers, Desired(2), 103.0, 3, store_ok_since=100.0)
     assert r is not None and r.reason == "failover"
+
+
+def test_decide_plans_load_aware_ranges_and_records_balance_and_moves() -> None:
+    a = Assignment(2, 2, plan_assignment(K, 2))
+    ready = {w: info(w, True) for w in range(2)}
+    load = [9.0, 9.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]  # key groups 0 and 1 are hot
+    r = decide("j", K, a, ready, Desired(4), now=0.0, failover_after=3, load=load)
+    assert r is not None and r.load_aware
+    per = [sum(x for kg, x in enumerate(load) if r.to_owners[kg] == w) for w in range(4)]
+    assert max(per) == 9.0  # count-based ranges: 18 on worker 0
+    assert r.predicted_balance == round(9.0 / 6.0, 4)
+    assert r.moved_key_groups == sum(
+        1 for x, y in zip(r.from_owners, r.to_owners, strict=True) if x != y
+    )
+    # no load known: the plain ranges, no prediction
+    plain = decide("j", K, a, ready, Desired(4), now=0.0, failover_after=3)
+    assert plain is not None and plain.to_owners == list(plan_assignment(K, 4))
+    assert (plain.predicted_balance, plain.load_aware, plain.moved_key_groups) == (None, False, 6)
+
+
+def test_decide_a_change_of_load_alone_starts_no_rescale() -> None:
+    """Load-aware ranges (not the plain ones) at the desired parallelism stay as they are
+    however the load moves: only a new parallelism or a failover's rebalance replans."""
+    ready = {w: info(w, True) for w in range(4)}
+    owners = (2, 2, 0, 0, 0, 1, 1, 3)  # an earlier load-aware plan
+    a = Assignment(7, 4, owners)
+    for load in (None, [1.0] * K, [50.0, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 50.0]):
+        assert decide("j", K, a, ready, Desired(4), now=0.0, failover_after=3, load=load) is None
+
+
+def test_decide_rebalances_after_a_failover_by_load() -> None:
+    owners = plan_failover(plan_assignment(K, 4), {1})
+    a = Assignment(6, 4, owners)
+    ready = {w: info(w, True) for w in range(4)}
+    load = [1.0] * K
+    r = decide("j", K, a, ready, Desired(4), now=0.0, failover_after=3, load=load)
+    assert r is not None and r.reason == "rebalance"
+    assert sorted(r.to_owners.count(w) for w in range(4)) == [2, 2, 2, 2]
+    assert r.predicted_balance == 1.0

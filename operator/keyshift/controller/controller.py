@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from keyshift.controller.executor import EventSink, RescaleExecutor
@@ -68,6 +68,7 @@ class Controller:
         records: RecordStore,
         *,
         desired: Callable[[], Desired],
+        load: Callable[[], Sequence[float] | None] | None = None,
         settings: ControllerSettings | None = None,
         on_event: EventSink | None = None,
         clock: Callable[[], float] = time.time,
@@ -77,6 +78,9 @@ class Controller:
         self.store = store
         self.pool = pool
         self.desired = desired
+        self.load = load or (lambda: None)
+        """The measured load per key group (records/s over the metrics window), or None:
+        it shapes the ranges of a rescale, never starts one."""
         self.settings = settings or ControllerSettings()
         self.on_event = on_event or (lambda kind, msg: None)
         self.clock = clock
@@ -113,7 +117,7 @@ class Controller:
         try:
             rescale = decide(
                 self.job, self.key_groups, self.assignment, running, self.desired(),
-                self.clock(), self.settings.failover_after, self.store_ok_since,
+                self.clock(), self.settings.failover_after, self.store_ok_since, self.load(),
             )  # fmt: skip
         except ValueError as exc:  # e.g. a desired parallelism above the key group count
             self._error(str(exc))

@@ -108,7 +108,12 @@ class RescaleExecutor:
             "Normal",
             f"rescale {rescale.from_parallelism} -> {rescale.to_parallelism} "
             f"({rescale.reason}) started: generation {rescale.to_generation}, "
-            f"{rescale.moved_key_groups} key groups move",
+            f"{rescale.moved_key_groups} key groups move"
+            + (
+                f", busiest worker predicted at {rescale.predicted_balance:.2f}x the mean load"
+                if rescale.predicted_balance is not None
+                else ""
+            ),
         )
 
     async def advance(self) -> Rescale | None:

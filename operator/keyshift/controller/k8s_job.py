@@ -51,7 +51,7 @@ from keyshift.controller.k8s_status import (
     record_to_status,
     refused_status,
 )
-from keyshift.controller.metrics_provider import FailedKeyGroup, WorkerTarget
+from keyshift.controller.metrics_provider import FailedKeyGroup, WorkerTarget, key_group_load
 from keyshift.controller.prometheus_provider import PrometheusMetricsProvider
 from keyshift.controller.reconcile import Desired
 from keyshift.controller.records import ControllerRecord
@@ -287,11 +287,17 @@ class JobRunner:
         self.controller = Controller(
             self.name, info.key_groups, self.store, self.pool,
             StatusRecordStore(self.api, self.namespace, self.name, record),
-            desired=self.desired,
+            desired=self.desired, load=self.key_group_load,
             settings=ControllerSettings.for_spec(spec),
             on_event=lambda kind, message: self.post_event(kind, event_reason(message), message),
         )  # fmt: skip
         return self.controller
+
+    def key_group_load(self) -> tuple[float, ...] | None:
+        """The load per key group over the autoscaler's last window (Prometheus), which a
+        rescale's ranges follow; without an autoscaler none is known: ranges by count."""
+        window = None if self.autoscaler is None else self.autoscaler.last_window
+        return key_group_load(window, self.key_groups) if self.key_groups else None
 
     def desired(self) -> Desired:
         """``spec.parallelism`` (manual, ``kubectl scale``) unless the autoscaler wants another;

@@ -55,8 +55,10 @@ from keyshift.controller.controller import Controller, ControllerSettings
 from keyshift.controller.local_pool import LocalWorkerPool, pid_alive, stop_pid
 from keyshift.controller.metrics_provider import (
     DirectScrapeProvider,
+    LoadSample,
     MetricsProvider,
     WorkerTarget,
+    key_group_load,
 )
 from keyshift.controller.prometheus_provider import PrometheusMetricsProvider
 from keyshift.controller.reconcile import Desired
@@ -280,6 +282,7 @@ class LocalRun:
         self.autoscaler: AutoscalerRunner | None = None
         self._manual_seen: object = None
         self._targets_written: list[dict[str, Any]] | None = None
+        self._last_load: LoadSample | None = None
 
     def event(self, kind: str, message: str) -> None:
         line = f"{time.strftime('%H:%M:%S')} {message}"
@@ -342,7 +345,7 @@ class LocalRun:
             self.autoscaler = self._autoscaler()
             controller = Controller(
                 self.job, self.spec.key_groups, store, pool, records,
-                desired=self._desired,
+                desired=self._desired, load=self._key_group_load,
                 settings=ControllerSettings.for_spec(self.spec, failover_after=self.failover_after),
                 on_event=self.event,
             )  # fmt: skip
@@ -446,6 +449,12 @@ class LocalRun:
         wish = None if self.autoscaler is None else self.autoscaler.wish
         return choose_desired(manual, wish)
 
+    def _key_group_load(self) -> tuple[float, ...] | None:
+        """The load per key group a rescale's ranges follow: over the autoscaler's window
+        if it runs, else over the live view's (10 s); None (ranges by count) until known."""
+        window = self.autoscaler.last_window if self.autoscaler is not None else None
+        return key_group_load(window or self._last_load, self.spec.key_groups)
+
     def _write_targets(self, targets: list[WorkerTarget]) -> None:
         """Keep the file-SD file current, so a local Prometheus scrapes every worker."""
         doc = file_sd_targets(targets)
@@ -468,6 +477,7 @@ class LocalRun:
             if w.metrics_url
         ]
         load = await provider.collect(self.job, targets) if targets else None
+        self._last_load = load
         self._write_targets(targets)
         record = controller.executor.record
         if self.autoscaler is not None and controller.assignment is not None and targets:

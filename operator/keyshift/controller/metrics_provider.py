@@ -30,6 +30,10 @@ Rules of ``summarize``:
   during a handoff: the highest end offset and position), so a key group moving
   between workers does not create a fake spike or dip.  A key group absent from
   the newest scrape (no running owner) makes the sample incomplete.
+- Processed rate per key group likewise: the rate of its source position (the
+  next offset to process, carried across a handoff with the key group), from
+  whichever workers report it; :func:`key_group_load` turns the arrival and
+  processed rates into the load a rescale plans its ranges with.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
@@ -57,6 +61,7 @@ __all__ = [
     "WorkerSnapshot",
     "WorkerTarget",
     "counters_reset",
+    "key_group_load",
     "prune",
     "read_scrape",
     "summarize",
@@ -161,6 +166,31 @@ class LoadSample:
     lag_by_key_group: dict[int, int]
     complete: bool  # every expected worker reported at both ends of the window
     missing: tuple[str, ...]  # what is missing and why ("counter-worker-2: connection refused")
+    arrival_by_key_group: Mapping[int, float] = field(default_factory=dict)
+    """Records/s arriving per key group over the window (those with a rate)."""
+    processed_by_key_group: Mapping[int, float] = field(default_factory=dict)
+    """Records/s processed per key group over the window: the rate of its position."""
+
+
+def key_group_load(sample: LoadSample | None, key_groups: int) -> tuple[float, ...] | None:
+    """The load per key group a rescale plans its ranges with, or None when the window
+    does not cover every key group (plan by count then): per key group the higher of its
+    arrival and processed rates, in records/s. The arrival rate is the demand a saturated
+    worker cannot show by its processed rate; the processed rate that of a key group
+    catching up on a backlog."""
+    if sample is None:
+        return None
+    out: list[float] = []
+    for kg in range(key_groups):
+        rates = [
+            r
+            for r in (sample.arrival_by_key_group.get(kg), sample.processed_by_key_group.get(kg))
+            if r is not None and math.isfinite(r)
+        ]
+        if not rates:
+            return None
+        out.append(max(0.0, *rates))
+    return tuple(out) if sum(out) > 0 else None
 
 
 class MetricsProvider(Protocol):
@@ -437,6 +467,8 @@ def summarize(rounds: Sequence[ScrapeRound], workers: Sequence[WorkerTarget]) ->
     newest_kgs = _combined_key_groups(newest)
     arrival: float | None = None
     trend: float | None = None
+    arrival_by_kg: dict[int, float] = {}
+    processed_by_kg: dict[int, float] = {}
     for kg in sorted(points):
         series_kg = points[kg]
         if kg not in newest_kgs:
@@ -456,8 +488,11 @@ def summarize(rounds: Sequence[ScrapeRound], workers: Sequence[WorkerTarget]) ->
                 f"{last.end_offset}, no rate"
             )
             continue
-        arrival = (arrival or 0.0) + (last.end_offset - first.end_offset) / (t1 - t0)
+        arrival_by_kg[kg] = (last.end_offset - first.end_offset) / (t1 - t0)
+        arrival = (arrival or 0.0) + arrival_by_kg[kg]
         trend = (trend or 0.0) + (last.lag - first.lag) / (t1 - t0)
+        if last.position >= first.position:  # (a replay after a handoff: no rate)
+            processed_by_kg[kg] = (last.position - first.position) / (t1 - t0)
     if not points and workers:
         missing.append("key groups: no worker reports any (no assignment running)")
 
@@ -476,6 +511,8 @@ def summarize(rounds: Sequence[ScrapeRound], workers: Sequence[WorkerTarget]) ->
         lag_by_key_group=lag_by_key_group,
         complete=not missing,
         missing=tuple(missing),
+        arrival_by_key_group=arrival_by_kg,
+        processed_by_key_group=processed_by_kg,
     )
 
 

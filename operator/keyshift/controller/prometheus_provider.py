@@ -30,7 +30,9 @@ partial data is never read as zero.  A value that cannot be measured is
   reported by two workers during a handoff, or moving between them, makes no
   spike or dip; summed over key groups.  Lag: per key group the highest lag
   reported, summed.  A key group seen in the window but reported by no worker
-  now (no running owner) makes the sample incomplete.
+  now (no running owner) makes the sample incomplete.  Processed rate per key
+  group: ``deriv`` of the highest source position reported for it, the same way
+  (the load a rescale plans its ranges with, with the arrival rate).
 - A query override (``spec.autoscaler.queries``) that returns no series is
   missing, not zero; ``$job`` and ``$window`` in an override are replaced by
   the job name and the window as a PromQL duration.  Overrides of
@@ -71,6 +73,7 @@ from keyshift.controller.metrics_provider import (
     GENERATION,
     LAG,
     OWNED,
+    POSITION,
     PROCESSED,
     LoadSample,
     WorkerLoad,
@@ -98,6 +101,7 @@ __all__ = [
 #: overridden; otherwise they are the sums of the per key group queries).
 KEY_GROUP_ARRIVAL = "key_group_arrival"
 KEY_GROUP_LAG = "key_group_lag"
+KEY_GROUP_PROCESSED = "key_group_processed"
 ARRIVAL_RATE = "arrival_rate"
 TOTAL_LAG = "lag"
 LAG_TREND = "lag_trend"
@@ -168,6 +172,7 @@ def queries_for(
         # per key group: the highest end offset any worker reports (handoffs)
         KEY_GROUP_ARRIVAL: f"deriv((max by (key_group) ({END_OFFSET}{sel})){sub})",
         KEY_GROUP_LAG: kg_lag,
+        KEY_GROUP_PROCESSED: f"deriv((max by (key_group) ({POSITION}{sel})){sub})",
         LAG_TREND: f"deriv((sum({kg_lag})){sub})",
         PROCESSED_RATE: f"sum by (worker) (rate({PROCESSED}{sel}[{w}]))",
         BUSY_RATIO: f"sum by (worker) (rate({BUSY}{sel}[{w}]))",
@@ -440,6 +445,13 @@ def to_load_sample(
         for kg in sorted(set(lag_by_key_group) - set(kg_arrival)):
             missing.append(f"key group {kg}: no arrival rate yet (fewer than two samples)")
 
+    kg_processed_series = answers.get(KEY_GROUP_PROCESSED)
+    processed_by_key_group = (
+        {kg: max(0.0, v) for kg, v in sorted(_by_key_group(kg_processed_series).items())}
+        if kg_processed_series is not None and not isinstance(kg_processed_series, str)
+        else {}
+    )  # (not in ``missing``: it only steers a rescale's ranges, which fall back to counts)
+
     arrival: float | None = None
     if ARRIVAL_RATE in overridden:
         arrival = total(ARRIVAL_RATE)
@@ -481,6 +493,8 @@ def to_load_sample(
         lag_by_key_group=lag_by_key_group,
         complete=not missing,
         missing=tuple(missing),
+        arrival_by_key_group={kg: max(0.0, r) for kg, r in sorted((kg_arrival or {}).items())},
+        processed_by_key_group=processed_by_key_group,
     )
 
 

@@ -10,17 +10,21 @@ In order of precedence:
    controller itself could not reach the store does not count: after a store
    outage every worker gets ``failover_after`` seconds from the store's return
    to be ready again (they come back one by one, not at once);
-3. rebalance: after a failover, once every worker is ready again, the plain
-   ranges are restored;
+3. rebalance: after a failover (the owners are no longer one contiguous range per
+   worker), once every worker is ready again, contiguous ranges are restored;
 4. the desired parallelism (manual or autoscaler) differs from the current one.
+
+``load`` (the measured load per key group, or None) only shapes the ranges of a
+rescale decided for one of these reasons: a change of load alone never starts one,
+so plans do not ping-pong as loads wobble.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from keyshift.controller.assignment import plan_assignment, plan_failover
+from keyshift.controller.assignment import is_ranges, plan_failover
 from keyshift.controller.pool import WorkerInfo
 from keyshift.controller.rescale import Reason, Rescale, plan_failover_rescale, plan_rescale
 from keyshift.store.protocol import Assignment
@@ -66,9 +70,11 @@ def decide(
     now: float,
     failover_after: float,
     store_ok_since: float | None = None,
+    load: Sequence[float] | None = None,
 ) -> Rescale | None:
     if assignment is None:
-        return plan_rescale(job, key_groups, None, 0, 0, desired.parallelism, "initial", now)
+        return plan_rescale(job, key_groups, None, 0, 0, desired.parallelism, "initial", now,
+                            load)  # fmt: skip
     p, g = assignment.parallelism, assignment.generation
     owners = assignment.owners
 
@@ -78,9 +84,10 @@ def decide(
         return plan_failover_rescale(job, owners, p, g, plan_failover(owners, lost), now)
 
     all_ready = all(w in workers and workers[w].ready for w in range(p))
-    if owners != plan_assignment(key_groups, p) and all_ready:
-        return plan_rescale(job, key_groups, owners, p, g, p, "rebalance", now)
+    if not is_ranges(owners, p) and all_ready:
+        return plan_rescale(job, key_groups, owners, p, g, p, "rebalance", now, load)
 
     if desired.parallelism != p and all_ready:
-        return plan_rescale(job, key_groups, owners, p, g, desired.parallelism, desired.reason, now)
+        return plan_rescale(job, key_groups, owners, p, g, desired.parallelism, desired.reason, now,
+                            load)  # fmt: skip
     return None

@@ -8,7 +8,12 @@ A rescale moves a job from assignment generation ``g`` to ``g+1`` (docs/design.m
 - scale-down ``m -> n``: publish first, wait for the handoffs, then stop the
   idle workers ``n..m-1``;
 - failover: publish ``g+1`` with the lost workers' key groups on the
-  survivors, claimed by force; rebalance: publish the plain ranges again.
+  survivors, claimed by force; rebalance: publish contiguous ranges again.
+
+The target of a scale or a rebalance is :func:`~keyshift.controller.assignment.plan_ranges`:
+contiguous ranges whose boundaries follow the measured load per key group (if known), and
+among equally balanced plans the one moving the fewest key groups; the record keeps the
+predicted balance and the moves.
 
 :func:`next_step` looks at a :class:`Rescale` and what the controller observes
 and says what to do next. It is pure: the executor (``executor.py``) does the
@@ -25,7 +30,7 @@ from typing import Literal
 
 import msgspec
 
-from keyshift.controller.assignment import check_parallelism, moved, plan_assignment
+from keyshift.controller.assignment import RangePlan, check_parallelism, moved, plan_ranges
 from keyshift.controller.handoffs import HandoffTimeline
 
 Reason = Literal["initial", "manual", "autoscaler", "failover", "rebalance"]
@@ -69,6 +74,11 @@ class Rescale(msgspec.Struct, kw_only=True):
     """The longest pause of a moved key group: from its release to its claim."""
     handoff: HandoffTimeline | None = None
     """Where the moved key groups' pause went, step by step (``handoffs.py``)."""
+    predicted_balance: float | None = None
+    """The plan's busiest worker's load / mean load, by the load it was planned with
+    (None: planned by key group count, no load known)."""
+    load_aware: bool = False
+    """The ranges' boundaries follow a measured load per key group."""
 
     @property
     def done(self) -> bool:
@@ -132,16 +142,21 @@ def plan_rescale(
     to_parallelism: int,
     reason: Reason,
     now: float,
+    load: Sequence[float] | None = None,
 ) -> Rescale:
-    """A rescale to ``to_parallelism`` contiguous ranges (also the first deployment)."""
+    """A rescale to ``to_parallelism`` contiguous ranges (also the first deployment);
+    ``load``: the measured load per key group, steering the boundaries (None: by count)."""
     check_parallelism(to_parallelism, key_groups)
-    target = plan_assignment(key_groups, to_parallelism)
-    return _new(
+    plan: RangePlan = plan_ranges(key_groups, to_parallelism, load, current_owners)
+    rescale = _new(
         job, "initial" if current_owners is None else reason,
-        current_owners or [], target,
+        current_owners or [], plan.owners,
         0 if current_owners is None else current_parallelism, to_parallelism,
         current_generation, now,
     )  # fmt: skip
+    rescale.predicted_balance = plan.balance
+    rescale.load_aware = plan.load_aware
+    return rescale
 
 
 def plan_failover_rescale(

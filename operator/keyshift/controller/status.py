@@ -29,6 +29,8 @@ def rescale_summary(r: Rescale) -> dict[str, Any]:
         "max_pause_seconds": r.max_pause_seconds,
         "handoff": None if r.handoff is None else msgspec.to_builtins(r.handoff),
         "moved_key_groups": r.moved_key_groups,
+        "predicted_balance": r.predicted_balance,
+        "load_aware": r.load_aware,
         "steps": {s.phase: s.seconds for s in r.steps},
         "outcome": r.outcome,
         "message": r.message,
