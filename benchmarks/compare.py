@@ -4,6 +4,8 @@
     python -m benchmarks.compare --quick    # 1e5 and 1e6 keys, one Flink mode, 2 -> 4 only
                                             # (to results/compare_quick.json, compare_quick.png)
     python -m benchmarks.compare --replot   # plot and RESULTS.md from the saved JSON
+    python -m benchmarks.compare --only-throughput   # the throughput rows again, into the
+                                                     # saved compare.json
 
 The same workload on both systems, on this machine, in one run: a keyed
 counter whose state is one ~100-byte value per key, every key preloaded, fed
@@ -23,7 +25,10 @@ Each system's job writes the key group and processing time of every record;
 a key group's pause is the longest gap between two of its records that
 overlaps the rescale (``benchmarks/peers/pauses.py``). Throughput: one worker
 (keyshift, ``benchmarks/throughput.py``, Valkey and in-process state) and one
-task slot (Flink, RocksDB and ForSt) on the counter over Zipf keys.
+task slot (Flink, RocksDB and ForSt) on the counter over Zipf keys, as records/s
+and records per CPU second (keyshift: the worker process; Flink: the
+TaskManager JVM, over exactly the measured window); keyshift also reads the
+same records from a Kafka topic (the test broker, Tansu).
 
 Writes ``benchmarks/results/compare.json``, ``benchmarks/compare_pause.png``
 and the "Side by side with Apache Flink" section of ``benchmarks/RESULTS.md``.
@@ -109,6 +114,8 @@ def keyshift_size(args: argparse.Namespace, keys: int, failover: bool) -> dict[s
 
 
 def keyshift_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """keyshift's rows: one worker over the generator (Valkey, in-process state) and over
+    a Kafka topic (state in Valkey), ``benchmarks/throughput.py``'s medians."""
     ns = argparse.Namespace(
         keys=args.throughput_keys,
         zipf=1.3,
@@ -119,24 +126,12 @@ def keyshift_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
         checkpoint_interval=1.0,
         batch_size=2000,
         repeat=args.throughput_rounds,
+        no_kafka=args.no_kafka,
     )
     r = asyncio.run(ks_throughput.main(ns))
-    return [
-        {
-            "system": "keyshift",
-            "mode": "valkey",
-            "records_per_second": r["remote_records_per_second"],
-            "records_per_cpu_second": r["remote_records_per_cpu_second"],
-            "cache_hit_ratio": r["cache_hit_ratio"],
-        },
-        {
-            "system": "keyshift",
-            "mode": "in-process",
-            "records_per_second": r["in_process_records_per_second"],
-            "records_per_cpu_second": r["in_process_records_per_cpu_second"],
-            "cache_hit_ratio": r["in_process_cache_hit_ratio"],
-        },
-    ]
+    order = {"valkey": 0, "in-process": 1, "kafka+valkey": 2}
+    rows: list[dict[str, Any]] = sorted(r["rows"], key=lambda x: order.get(x["mode"], 9))
+    return rows
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -153,6 +148,54 @@ def machine() -> dict[str, Any]:
         m["java"] = out.stderr.splitlines()[0]
     m["flink"] = FLINK_VERSION
     return m
+
+
+def run_throughput_only(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure the throughput rows again; keep the rescale and failover rows of the saved
+    results (their command is kept and this one added), and the throughput rows of a
+    system left out (``--no-keyshift``, ``--no-flink``)."""
+    started = time.monotonic()
+    data: dict[str, Any] = json.loads(args.output.read_text())
+    command = "python -m benchmarks.compare" + "".join(f" {a}" for a in sys.argv[1:])
+    data["throughput_command"] = (
+        f"{data['throughput_command']}; then {command}"
+        if data.get("throughput_command") and (args.no_keyshift or args.no_flink)
+        else command
+    )
+    data["throughput_machine"] = machine()
+    data["config"] |= {
+        "throughput_keys": args.throughput_keys,
+        "throughput_records": args.throughput_records,
+        "throughput_rounds": args.throughput_rounds,
+    }
+    rows: list[dict[str, Any]] = []
+    if not args.no_keyshift:
+        say("keyshift throughput")
+        rows += keyshift_throughput(args)
+    if not args.no_flink:
+        clusters = flink.Clusters(WORK / "compare")
+        try:
+            for backend in ("rocksdb", "forst"):
+                say(f"flink throughput, {backend}")
+                rows.append(
+                    flink.throughput(
+                        clusters,
+                        backend,
+                        keys=args.throughput_keys,
+                        records=args.throughput_records,
+                        warmup=0.4,
+                    )
+                )
+        finally:
+            clusters.stop()
+    measured = {r["system"] for r in rows}
+    kept = [r for r in data.get("throughput", []) if r["system"] not in measured]
+    data["throughput"] = sorted(kept + rows, key=lambda r: r["system"] != "keyshift")
+    seconds = data.get("run_seconds", 0.0)
+    data["throughput_run_seconds"] = round(time.monotonic() - started, 1)
+    args.output.write_text(json.dumps(data, indent=1) + "\n")
+    data["run_seconds"] = seconds
+    return data
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -346,12 +389,16 @@ def plot(data: dict[str, Any], path: Path) -> None:
     tp = data["throughput"]
     if tp:
         labels = [f"{r['system']}\n{r['mode']}" for r in tp]
-        cx.bar(
-            labels,
-            [r["records_per_second"] for r in tp],
-            color=["tab:green" if r["system"] == "keyshift" else "tab:blue" for r in tp],
-        )
-        cx.set(ylabel="records/s", title="Throughput: one worker / one task slot, Zipf keys")
+        x = list(range(len(tp)))
+        colors_tp = ["tab:green" if r["system"] == "keyshift" else "tab:blue" for r in tp]
+        cx.bar([i - 0.2 for i in x], [r["records_per_second"] for r in tp], width=0.4,
+               color=colors_tp, label="records/s (wall)")  # fmt: skip
+        cx.bar([i + 0.2 for i in x], [r.get("records_per_cpu_second") or 0 for r in tp],
+               width=0.4, color=colors_tp, alpha=0.5, hatch="//",
+               label="records per CPU second")  # fmt: skip
+        cx.set_xticks(x, labels, fontsize=8)
+        cx.set(ylabel="records", title="Throughput: one worker / one task slot, Zipf keys")
+        cx.legend(fontsize=7)
         cx.grid(alpha=0.3, axis="y")
     fig.suptitle(f"keyshift vs Apache Flink {data['machine'].get('flink', '')} on one machine")
     fig.tight_layout()
@@ -422,19 +469,49 @@ def markdown(data: dict[str, Any], plot_name: str = PLOT.name) -> str:
     tp = data["throughput"]
     if tp:
         base = next((r["records_per_second"] for r in tp if r["mode"] == "valkey"), None)
+        cpu_base = next(
+            (r.get("records_per_cpu_second") for r in tp if r["mode"] == "valkey"), None
+        )
+        measured = (
+            f"`{data['throughput_command']}` (the throughput rows measured again; the rows "
+            "above are from the command at the top)"
+            if "throughput_command" in data
+            else "the command at the top"
+        )
         lines += [
             "",
-            f"Throughput, {cfg['throughput_records']:,} records over "
+            f"Throughput ({measured}), {cfg['throughput_records']:,} records over "
             f"{cfg['throughput_keys']:,} Zipf(1.3) keys, the first 40% not measured: keyshift "
-            "one worker process (`benchmarks/throughput.py`, 8 key groups, null sink); Flink "
-            "one task slot (parallelism 1: source and counter threads in one slot).",
+            "one worker process (`benchmarks/throughput.py`, 8 key groups, null sink; "
+            "*kafka+valkey*: the same records read from a topic on the test broker, Tansu on "
+            "loopback); Flink one task slot (parallelism 1: source and counter threads in one "
+            "slot). Records per CPU second = records measured / CPU seconds (user + system) "
+            "over exactly the measured window: keyshift, the worker process (`time."
+            "process_time`); Flink, the TaskManager JVM that ran the job (`/proc/PID/stat` "
+            "through psutil, sampled every 50 ms and interpolated at the progress marks that "
+            "bound the window). *Cores* = those CPU seconds per wall second. Neither counts "
+            "the state store's or broker's separate processes (keyshift's Valkey: the "
+            "*with store* figure in the Worker throughput section) nor Flink's JobManager.",
             "",
-            "| system | state | records/s | ratio to keyshift + Valkey |",
-            "|---|---|---:|---:|",
+            "| system | state | source | records/s | ratio | records per CPU second "
+            "| ratio | cores |",
+            "|---|---|---|---:|---:|---:|---:|---:|",
         ]
         for r in tp:
             ratio = f"{r['records_per_second'] / base:.2f}" if base else "-"
-            lines.append(f"| {r['system']} | {r['mode']} | {r['records_per_second']:,} | {ratio} |")
+            cpu = r.get("records_per_cpu_second")
+            cpu_ratio = f"{cpu / cpu_base:.2f}" if cpu and cpu_base else "-"
+            cores = (
+                r.get("worker_cores")
+                if r["system"] == "keyshift"
+                else (r.get("cpu") or {}).get("taskmanager_cores")
+            )
+            lines.append(
+                f"| {r['system']} | {r['mode']} | {r.get('source', 'generator')} "
+                f"| {r['records_per_second']:,} | {ratio} "
+                f"| {f'{cpu:,}' if cpu else '-'} | {cpu_ratio} "
+                f"| {f'{cores:.2f}' if cores else '-'} |"
+            )
     lines += ["", *verdicts(data), "", f"![keyshift vs Flink]({plot_name})"]
     for note in data.get("notes") or []:  # a paragraph each
         lines += ["", note]
@@ -516,8 +593,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-keyshift", action="store_true")
     p.add_argument("--no-flink", action="store_true")
     p.add_argument("--no-throughput", action="store_true")
+    p.add_argument(
+        "--only-throughput",
+        action="store_true",
+        help="measure the throughput rows again into the saved results (rescale and "
+        "failover rows kept)",
+    )
+    p.add_argument("--no-kafka", action="store_true", help="no keyshift Kafka-source row")
     p.add_argument("--no-results-md", action="store_true")
-    p.add_argument("--note", action="append", help="a line added under the figures")
+    p.add_argument(
+        "--note", action="append", help="a paragraph added under the figures (kept in the JSON)"
+    )
     p.add_argument("--replot", action="store_true")
     p.add_argument("--output", type=Path, help=f"results JSON (default {RESULTS.name})")
     p.add_argument("--plot", type=Path, help=f"plot PNG (default {PLOT.name})")
@@ -538,10 +624,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.replot:
         data: dict[str, Any] = json.loads(args.output.read_text())
+    elif args.only_throughput:
+        data = run_throughput_only(args)
     else:
         data = run(args)
-    if args.note:
-        data["notes"] = args.note
+    if args.note:  # added to the saved notes (a --replot or --only-throughput keeps them)
+        notes = list(data.get("notes") or [])
+        data["notes"] = notes + [n for n in args.note if n not in notes]
         args.output.write_text(json.dumps(data, indent=1) + "\n")
     plot(data, args.plot)
     section = markdown(data, args.plot.name)

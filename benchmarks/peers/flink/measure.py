@@ -15,11 +15,15 @@ job's own output files (``KeyedCounter.java``).
 
 from __future__ import annotations
 
+import bisect
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from benchmarks.peers.flink.peer import MAX_PARALLELISM, Cluster, Setup, log, setup
 from benchmarks.peers.pauses import failover_row, moved, pauses, rescale_row
@@ -279,7 +283,14 @@ def run_size(
 def throughput(
     clusters: Clusters, backend: str, *, keys: int, records: int, warmup: float
 ) -> dict[str, Any]:
-    """One task slot (parallelism 1) over ``records`` Zipf keys with ``backend``."""
+    """One task slot (parallelism 1) over ``records`` Zipf keys with ``backend``.
+
+    The TaskManager JVMs' CPU time (utime + stime, ``/proc/PID/stat`` through psutil) is
+    sampled every ``CPU_SAMPLE_SECONDS`` while the job runs and interpolated at the two
+    progress marks that bound the measured window, so that records per CPU second cover
+    exactly the records measured. The CPU is that of the TaskManager that ran the job's
+    subtasks (source and counter share its slot); the idle TaskManagers' and the
+    JobManager's are reported beside it."""
     c, jar_id = clusters.get("default")
     out = clusters.work / f"throughput-{backend}"
     shutil.rmtree(out, ignore_errors=True)
@@ -293,29 +304,132 @@ def throughput(
         "--backend",
         backend,
     ]
-    job = c.run(jar_id, args, 1)
-    c.wait_job_state(job, {"FINISHED"}, seconds=1800)
+    pids = {name: proc.pid for name, proc in c.taskmanagers.items()}
+    if c.jobmanager is not None:
+        pids["jobmanager"] = c.jobmanager.pid
+    with CpuSampler(pids) as sampler:
+        job = c.run(jar_id, args, 1)
+        c.wait_job_state(job, {"FINISHED"}, seconds=1800)
     progress: list[tuple[int, float]] = []
     for f in out.glob("counter-*.csv"):
         for line in f.read_text().splitlines():
             count, _, micros = line.partition(",")
             progress.append((int(count), int(micros) / 1e6))
-    result = rate_after_warmup(sorted(progress), records, warmup)
-    log(f"throughput {backend}: {result['records_per_second']:,.0f} records/s")
+    progress.sort()
+    result = rate_after_warmup(progress, records, warmup)
+    t0, t1 = result.pop("window")
+    cpu = {name: sampler.cpu_between(name, t0, t1) for name in pids}
+    ran = job_taskmanagers(c, job) or [max(c.taskmanagers, key=lambda n: cpu[n])]
+    tm_cpu = sum(cpu[n] for n in ran)
+    result["records_per_cpu_second"] = round(result["records_measured"] / tm_cpu)
+    result["cpu"] = {
+        "taskmanager_cpu_seconds": round(tm_cpu, 3),
+        "taskmanager_cores": round(tm_cpu / (t1 - t0), 3),
+        "taskmanagers_measured": ran,
+        "other_taskmanagers_cpu_seconds": round(
+            sum(v for n, v in cpu.items() if n not in ran and n != "jobmanager"), 3
+        ),
+        "jobmanager_cpu_seconds": round(cpu.get("jobmanager", 0.0), 3),
+        "sample_seconds": CPU_SAMPLE_SECONDS,
+    }
+    log(
+        f"throughput {backend}: {result['records_per_second']:,.0f} records/s, "
+        f"{result['records_per_cpu_second']:,.0f} per CPU second of the TaskManager "
+        f"({tm_cpu / (t1 - t0):.2f} cores)"
+    )
     shutil.rmtree(out, ignore_errors=True)
     return {"system": "flink", "mode": backend, **result}
+
+
+def job_taskmanagers(c: Cluster, job: str) -> list[str]:
+    """The TaskManagers that ran the job's counter subtasks (REST; [] if unknown)."""
+    try:
+        return sorted(c.taskmanagers_of(job))
+    except (RuntimeError, KeyError, OSError, ValueError):
+        return []
+
+
+CPU_SAMPLE_SECONDS = 0.05
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` and its descendants (the JVM is exec'd by bin/*.sh)."""
+    total = 0.0
+    try:
+        proc = psutil.Process(pid)
+        for p in [proc, *proc.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                continue
+    except psutil.NoSuchProcess:
+        pass
+    return total
+
+
+def interpolate(samples: list[tuple[float, float]], t: float) -> float:
+    """The value at time ``t`` from time-sorted ``(time, value)`` samples (linear; clamped
+    to the first and last sample)."""
+    if not samples:
+        raise ValueError("no samples")
+    times = [s[0] for s in samples]
+    i = bisect.bisect_left(times, t)
+    if i == 0:
+        return samples[0][1]
+    if i == len(samples):
+        return samples[-1][1]
+    (ta, va), (tb, vb) = samples[i - 1], samples[i]
+    return va + (vb - va) * (t - ta) / (tb - ta) if tb > ta else vb
+
+
+class CpuSampler:
+    """Samples the CPU seconds of named processes on a thread, with wall-clock times."""
+
+    def __init__(self, pids: dict[str, int], every: float = CPU_SAMPLE_SECONDS) -> None:
+        self.pids, self.every = pids, every
+        self.samples: dict[str, list[tuple[float, float]]] = {n: [] for n in pids}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        for name, pid in self.pids.items():
+            self.samples[name].append((time.time(), process_cpu_seconds(pid)))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.sample()
+
+    def __enter__(self) -> CpuSampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def cpu_between(self, name: str, t0: float, t1: float) -> float:
+        """CPU seconds ``name`` used between wall-clock times ``t0`` and ``t1``."""
+        s = self.samples[name]
+        if not s or t0 < s[0][0] or t1 > s[-1][0]:
+            raise ValueError(f"{name}: the window is outside the CPU samples")
+        return interpolate(s, t1) - interpolate(s, t0)
 
 
 def rate_after_warmup(
     progress: list[tuple[int, float]], records: int, warmup: float
 ) -> dict[str, Any]:
-    """Records/s from (records processed, time) marks, the first ``warmup`` share skipped."""
+    """Records/s from (records processed, time) marks, the first ``warmup`` share skipped;
+    ``window`` is the (start, end) wall-clock times of the measured records."""
     start = next(p for p in progress if p[0] >= records * warmup)
     end = progress[-1]
     return {
         "records_per_second": round((end[0] - start[0]) / (end[1] - start[1])),
         "records_measured": end[0] - start[0],
         "seconds": round(end[1] - start[1], 2),
+        "window": (start[1], end[1]),
     }
 
 
