@@ -30,6 +30,50 @@ _NAMESPACE_SELECTOR = {
         "matchNames": {"type": "array", "items": {"type": "string"}},
     },
 }
+# RelabelConfig (monitoring.coreos.com/v1)
+_RELABEL_CONFIG = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "sourceLabels": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"},
+        },
+        "separator": {"type": "string"},
+        "targetLabel": {"type": "string"},
+        "regex": {"type": "string"},
+        "modulus": {"type": "integer", "format": "int64"},
+        "replacement": {"type": "string"},
+        "action": {
+            "type": "string",
+            "default": "replace",
+            "enum": [
+                "replace",
+                "Replace",
+                "keep",
+                "Keep",
+                "drop",
+                "Drop",
+                "hashmod",
+                "HashMod",
+                "labelmap",
+                "LabelMap",
+                "labeldrop",
+                "LabelDrop",
+                "labelkeep",
+                "LabelKeep",
+                "lowercase",
+                "Lowercase",
+                "uppercase",
+                "Uppercase",
+                "keepequal",
+                "KeepEqual",
+                "dropequal",
+                "DropEqual",
+            ],
+        },
+    },
+}
 _ENDPOINT = {
     "type": "object",
     "additionalProperties": False,
@@ -38,6 +82,9 @@ _ENDPOINT = {
         "path": {"type": "string"},
         "interval": {"type": "string", "pattern": DURATION},
         "honorLabels": {"type": "boolean"},
+        "scrapeTimeout": {"type": "string", "pattern": DURATION},
+        "relabelings": {"type": "array", "items": _RELABEL_CONFIG},
+        "metricRelabelings": {"type": "array", "items": _RELABEL_CONFIG},
     },
 }
 _METADATA = {

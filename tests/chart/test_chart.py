@@ -34,6 +34,37 @@ MATRIX: dict[str, dict[str, Any]] = {
     },
     "namespaced-rbac": {"operator": {"replicas": 2, "namespaces": ["team-a", "team-b"]}},
     "cluster-rbac": {"operator": {"replicas": 3, "scope": "cluster"}},
+    "everything-configured": {
+        "imagePullSecrets": ["regcred", {"name": "mirror"}],
+        "operator": {
+            "replicas": 2,
+            "priorityClassName": "system-cluster-critical",
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "topology.kubernetes.io/zone",
+                    "whenUnsatisfiable": "ScheduleAnyway",
+                }
+            ],
+            "probes": {"liveness": {"initialDelaySeconds": 5, "periodSeconds": 20}},
+        },
+        "stateStore": {"managed": {"mode": "cluster"}},
+        "metrics": {
+            "serviceMonitor": {
+                "enabled": True,
+                "scrapeTimeout": "10s",
+                "relabelings": [
+                    {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}
+                ],
+            },
+            "podMonitor": {
+                "enabled": True,
+                "metricRelabelings": [
+                    {"sourceLabels": ["__name__"], "regex": "python_gc_.*", "action": "drop"}
+                ],
+            },
+        },
+    },
 }
 
 

@@ -130,3 +130,22 @@ def dashboard_series() -> set[str]:
 def test_the_dashboard_queries_only_exported_series() -> None:
     unknown = dashboard_series() - exported_series()
     assert not unknown, f"the dashboard asks for series nothing exports: {sorted(unknown)}"
+
+
+def test_relabelings_and_scrape_timeout_are_configurable() -> None:
+    relabel = [{"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}]
+    drop = [{"sourceLabels": ["__name__"], "regex": "python_gc_.*", "action": "drop"}]
+    settings = {"scrapeTimeout": "10s", "relabelings": relabel, "metricRelabelings": drop}
+    objects = render({"metrics": {
+        "serviceMonitor": {"enabled": True, **settings},
+        "podMonitor": {"enabled": True, **settings},
+    }})  # fmt: skip
+    (service,) = one(objects, "ServiceMonitor")["spec"]["endpoints"]
+    (pod,) = one(objects, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    for endpoint in (service, pod):
+        assert endpoint["scrapeTimeout"] == "10s"
+        assert endpoint["relabelings"] == relabel
+        assert endpoint["metricRelabelings"] == drop
+    # none by default: the Prometheus' timeout, the targets' labels as they are
+    (default,) = one(render(MONITORS), "PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert not {"scrapeTimeout", "relabelings", "metricRelabelings"} & set(default)

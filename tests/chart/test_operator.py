@@ -67,3 +67,68 @@ def test_replicas_elect_a_leader_through_the_charts_peering_object() -> None:
     assert args.peering == one(render(values), "KopfPeering")["metadata"]["name"]
     assert args.peering_lifetime == 30
     assert isinstance(args.priority, int)
+
+
+def test_probe_timing_comes_from_the_values_and_the_endpoint_stays_the_charts() -> None:
+    values = {"operator": {"probes": {"liveness": {"periodSeconds": 30, "failureThreshold": 5},
+                                      "startup": {"initialDelaySeconds": 3}}}}  # fmt: skip
+    deployment, _ = operator(values)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["livenessProbe"] == {
+        "httpGet": {"path": "/healthz", "port": "health"},
+        "periodSeconds": 30, "timeoutSeconds": 5, "failureThreshold": 5,
+    }  # fmt: skip
+    # the values merge over the defaults: the startup probe keeps its 2 minutes
+    assert container["startupProbe"] == {
+        "httpGet": {"path": "/healthz", "port": "health"},
+        "initialDelaySeconds": 3, "periodSeconds": 2, "failureThreshold": 60,
+    }  # fmt: skip
+
+
+def test_spread_constraints_and_priority_class_of_the_operator() -> None:
+    spread = [
+        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+         "whenUnsatisfiable": "ScheduleAnyway"},
+        {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+         "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"a": "b"}}},
+    ]  # fmt: skip
+    values = {"operator": {"replicas": 2, "topologySpreadConstraints": spread,
+                           "priorityClassName": "system-cluster-critical"}}  # fmt: skip
+    deployment, _ = operator(values)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    zone, host = pod["topologySpreadConstraints"]
+    # without a selector: the operator's own pods; with one: as given
+    assert zone["labelSelector"]["matchLabels"].items() <= (
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert zone["topologyKey"] == "topology.kubernetes.io/zone"
+    assert host == spread[1]
+    assert "topologySpreadConstraints" not in operator({})[0]["spec"]["template"]["spec"]
+
+
+def test_disruption_budgets_only_where_a_drain_can_go_on() -> None:
+    from tests.chart.render import find
+
+    def budgets(values: Obj) -> dict[str, Obj]:
+        objects = render(values)
+        return {p["metadata"]["name"]: p for p in find(objects, "PodDisruptionBudget")}
+
+    # one operator, a standalone store: none (a budget on a single pod blocks drains)
+    assert budgets({}) == {}
+    # replicas > 1: one operator pod at a time, selecting the operator's pods
+    objects = render({"operator": {"replicas": 2}})
+    deployment = one(objects, "Deployment")
+    (pdb,) = find(objects, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    # a Redis Cluster: one server at a time, selecting the store's servers
+    objects = render({"stateStore": {"managed": {"mode": "cluster"}}})
+    store = one(objects, "StatefulSet")
+    (pdb,) = find(objects, "PodDisruptionBudget")
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": store["spec"]["selector"]}
+    # and they can be turned off
+    assert budgets({
+        "operator": {"replicas": 2, "podDisruptionBudget": {"enabled": False}},
+        "stateStore": {"managed": {"mode": "cluster", "podDisruptionBudget": {"enabled": False}}},
+    }) == {}  # fmt: skip

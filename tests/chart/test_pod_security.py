@@ -57,6 +57,17 @@ WORKERS = {
 }
 
 
+def test_worker_pods_with_a_full_pod_template_stay_restricted() -> None:
+    """Everything ``spec.podTemplate`` takes, at once: the pod still passes, and a named
+    ServiceAccount gets no token unless the template asks for one."""
+    from tests.operator.test_k8s_objects import TEMPLATE
+
+    pod = pod_spec(workers(streamjob(podTemplate=TEMPLATE)))
+    assert violations(pod) == []
+    assert pod["serviceAccountName"] == "stream-jobs"
+    assert pod["automountServiceAccountToken"] is False
+
+
 @pytest.mark.parametrize("body", WORKERS.values(), ids=WORKERS.keys())
 def test_worker_pods_are_restricted_and_get_no_api_token(body: Obj) -> None:
     pod = pod_spec(workers(body))

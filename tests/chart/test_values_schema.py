@@ -54,6 +54,38 @@ REJECTED: dict[str, tuple[dict[str, Any], str]] = {
         {"operator": {"resources": {"requests": {"memory": "lots"}}}},
         "at '/operator/resources/requests/memory'",
     ),
+    "an imagePullSecret object without a name": (
+        {"imagePullSecrets": [{"nam": "regcred"}]},
+        "at '/imagePullSecrets/0'",
+    ),
+    "an empty imagePullSecret name": (
+        {"imagePullSecrets": [""]},
+        "at '/imagePullSecrets/0'",
+    ),
+    "a probe field the chart does not set": (
+        {"operator": {"probes": {"liveness": {"httpGet": {"path": "/"}}}}},
+        "at '/operator/probes/liveness': additional properties 'httpGet' not allowed",
+    ),
+    "a probe period of zero": (
+        {"operator": {"probes": {"readiness": {"periodSeconds": 0}}}},
+        "at '/operator/probes/readiness/periodSeconds': minimum: got 0, want 1",
+    ),
+    "a relabeling with an unknown action": (
+        {"metrics": {"podMonitor": {"relabelings": [{"action": "rename"}]}}},
+        "at '/metrics/podMonitor/relabelings/0/action'",
+    ),
+    "a bad scrape timeout": (
+        {"metrics": {"serviceMonitor": {"scrapeTimeout": "soon"}}},
+        "at '/metrics/serviceMonitor/scrapeTimeout'",
+    ),
+    "a spread constraint without its topology key": (
+        {
+            "operator": {
+                "topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}]
+            }
+        },
+        "at '/operator/topologySpreadConstraints/0'",
+    ),
     "a bad scrape interval": (
         {"metrics": {"podMonitor": {"enabled": True, "interval": "often"}}},
         "at '/metrics/podMonitor/interval'",
@@ -144,3 +176,18 @@ def test_the_schema_covers_every_value_and_describes_it() -> None:
 def test_the_defaults_pass_the_schema() -> None:
     with loaded() as chart:
         chart.validate_schema(chart.values)
+
+
+ACCEPTED: dict[str, dict[str, Any]] = {
+    "imagePullSecrets as names": {"imagePullSecrets": ["regcred"]},
+    "imagePullSecrets as Kubernetes has them": {"imagePullSecrets": [{"name": "regcred"}]},
+    "both kinds of imagePullSecrets": {"imagePullSecrets": ["a", {"name": "b"}]},
+}
+
+
+@pytest.mark.parametrize("values", ACCEPTED.values(), ids=ACCEPTED.keys())
+def test_both_shapes_of_image_pull_secrets_are_accepted(values: dict[str, Any]) -> None:
+    pods = [o["spec"]["template"]["spec"] for o in render(values)
+            if o["kind"] in ("Deployment", "StatefulSet")]  # fmt: skip
+    names = [s if isinstance(s, str) else s["name"] for s in values["imagePullSecrets"]]
+    assert pods and all(pod["imagePullSecrets"] == [{"name": n} for n in names] for pod in pods)

@@ -27,7 +27,10 @@ def _type(node: dict[str, Any], root: dict[str, Any]) -> str:
         return " \\| ".join(f"`{v}`" for v in node["enum"])
     kind = node.get("type", "object")
     if kind == "array":
-        return f"list of {node.get('items', {}).get('type', 'object')}"
+        items = node.get("items", {})
+        if "anyOf" in items:  # e.g. a name or a {name: ...} object
+            return "list of " + " or ".join(str(b.get("type", "object")) for b in items["anyOf"])
+        return f"list of {items.get('type', 'object')}"
     if kind == "object" and "additionalProperties" in node and "properties" not in node:
         return "map"
     return str(kind)

@@ -193,3 +193,11 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/* imagePullSecrets of the chart's pods: values' names (`regcred`) or LocalObjectReferences
+(`{name: regcred}`), both as Kubernetes has them. */}}
+{{- define "keyshift.imagePullSecrets" -}}
+{{- range .Values.imagePullSecrets }}
+- name: {{ if kindIs "string" . }}{{ . }}{{ else }}{{ .name }}{{ end }}
+{{- end }}
+{{- end -}}

@@ -17,6 +17,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
+from decimal import Decimal
 from typing import Any, Final
 
 import yaml
@@ -132,8 +134,96 @@ def _config_hash(body: Obj) -> str:
     return hashlib.sha256(worker_manifest(body).encode()).hexdigest()[:16]
 
 
-def worker_container(raw: Obj, spec: StreamJobSpec) -> Obj:
-    """The worker container; ``raw`` is the StreamJob's spec as written (pass-through fields)."""
+def _quantities(resources: Obj) -> Obj:
+    """Resource requirements with integer quantities as strings (the API server's form)."""
+    return {
+        kind: {name: str(q) if isinstance(q, int) else q for name, q in amounts.items()}
+        for kind, amounts in resources.items()
+        if amounts
+    }
+
+
+def pod_settings(raw: Obj, spec: StreamJobSpec) -> Obj:
+    """The user's part of the worker pod, as a Kubernetes pod template: ``spec.podTemplate``
+    with the spec's shorthands merged over it (``podLabels``, ``podAnnotations`` and
+    ``nodeSelector`` win per key; ``tolerations`` are added; ``env`` follows the
+    operator's variables; ``resources`` win per resource name). ``raw`` is the StreamJob's
+    spec as written (the shorthands pass through as given). Empty fields are left out:
+    the API server drops them, and :func:`drift` would see them missing.
+
+    :func:`worker_statefulset` lays the operator's settings over the result: this is the
+    only way the worker pod is built."""
+    template = spec.pod_template
+    tps = template.spec
+    worker = tps.worker
+    labels = {**template.metadata.labels, **(raw.get("podLabels") or {})}
+    annotations = {**template.metadata.annotations, **(raw.get("podAnnotations") or {})}
+    resources: Obj = {}
+    shorthand = raw.get("resources") or {}
+    for kind in ("requests", "limits"):
+        merged = {**getattr(worker.resources, kind), **(shorthand.get(kind) or {})}
+        if merged:
+            resources[kind] = merged
+    container: Obj = {
+        "name": "worker",
+        "env": copy.deepcopy(raw.get("env") or []),
+        "envFrom": [e.model_dump(by_alias=True, exclude_defaults=True) for e in worker.env_from],
+        "volumeMounts": [
+            m.model_dump(by_alias=True, exclude_defaults=True) for m in worker.volume_mounts
+        ],
+        "resources": _quantities(resources),
+    }
+    tolerations = copy.deepcopy(tps.tolerations)
+    for toleration in raw.get("tolerations") or []:
+        if toleration not in tolerations:
+            tolerations.append(copy.deepcopy(toleration))
+    pod: Obj = {
+        "imagePullSecrets": [{"name": s.name} for s in tps.image_pull_secrets],
+        "serviceAccountName": tps.service_account_name,
+        "automountServiceAccountToken": tps.automount_service_account_token,
+        "affinity": copy.deepcopy(tps.affinity),
+        "topologySpreadConstraints": copy.deepcopy(tps.topology_spread_constraints),
+        "priorityClassName": tps.priority_class_name,
+        "tolerations": tolerations,
+        "nodeSelector": {**tps.node_selector, **(raw.get("nodeSelector") or {})},
+        "volumes": [v.model_dump(by_alias=True, exclude_defaults=True) for v in tps.volumes],
+        "containers": [_given(container)],
+    }
+    return {
+        "metadata": _given({"labels": labels, "annotations": annotations}),
+        "spec": _given(pod),
+    }
+
+
+def _given(obj: Obj) -> Obj:
+    """``obj`` without its empty and omitted (None) fields."""
+    return {k: v for k, v in obj.items() if v is not None and v != {} and v != []}
+
+
+RESTRICTED_CONTAINER: Final = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "runAsUser": WORKER_UID,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""The worker container's security context: the restricted Pod Security Standard, with
+a read-only root filesystem; no pod template relaxes it."""
+RESTRICTED_POD: Final = {
+    "runAsNonRoot": True,
+    "runAsUser": WORKER_UID,
+    "runAsGroup": WORKER_UID,
+    "fsGroup": WORKER_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def worker_container(raw: Obj, spec: StreamJobSpec, user: Obj | None = None) -> Obj:
+    """The worker container: the operator's settings over ``user``, the user's settings of
+    the container (from :func:`pod_settings`, computed when not given)."""
+    if user is None:
+        user = pod_settings(raw, spec)["spec"]["containers"][0]
     env: list[Obj] = [
         {
             "name": "KEYSHIFT_WORKER_ORDINAL",
@@ -152,14 +242,13 @@ def worker_container(raw: Obj, spec: StreamJobSpec) -> Obj:
         # ignores the file when the Secret has no `ca.crt`
         env.append({"name": "KEYSHIFT_STORE_CA_FILE", "value": f"{SECRET_DIR}/ca.crt"})
         mounts.append({"name": "store-secret", "mountPath": SECRET_DIR, "readOnly": True})
-    env.extend(copy.deepcopy(raw.get("env") or []))
     container: Obj = {
         "name": "worker",
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["python", "-m", "keyshift.runtime"],
         "args": ["--manifest", f"{CONFIG_DIR}/job.yaml"],
-        "env": env,
+        "env": env + copy.deepcopy(user.get("env", [])),
         "ports": [{"name": "metrics", "containerPort": HTTP_PORT}],
         "readinessProbe": {
             "httpGet": {"path": "/readyz", "port": HTTP_PORT},
@@ -171,24 +260,24 @@ def worker_container(raw: Obj, spec: StreamJobSpec) -> Obj:
             "periodSeconds": 10,
             "failureThreshold": 3,
         },
-        "volumeMounts": mounts,
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": WORKER_UID,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "volumeMounts": mounts + copy.deepcopy(user.get("volumeMounts", [])),
+        "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
     }
-    if raw.get("resources"):
-        container["resources"] = copy.deepcopy(raw["resources"])
+    if user.get("envFrom"):
+        container["envFrom"] = copy.deepcopy(user["envFrom"])
+    if user.get("resources"):
+        container["resources"] = copy.deepcopy(user["resources"])
     return container
 
 
 def worker_statefulset(body: Obj, spec: StreamJobSpec, replicas: int) -> Obj:
+    """The workers' StatefulSet: the operator's settings laid over :func:`pod_settings`
+    (they win: selector labels, the config hash, the restricted security context, no API
+    token unless the template asks for one, the container's command, probes and the
+    operator's volumes)."""
     job = body["metadata"]["name"]
-    raw = body["spec"]
+    user = pod_settings(body["spec"], spec)
+    user_pod = user["spec"]
     volumes: list[Obj] = [
         {"name": "config", "configMap": {"name": configmap_name(job)}},
         {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
@@ -205,24 +294,22 @@ def worker_statefulset(body: Obj, spec: StreamJobSpec, replicas: int) -> Obj:
                             "optional": True}},
             ]},
         })  # fmt: skip
-    pod_spec: Obj = {
-        "automountServiceAccountToken": False,
+    pod_spec: Obj = {k: copy.deepcopy(v) for k, v in user_pod.items() if k != "containers"}
+    spreads = pod_spec.get("topologySpreadConstraints", [])
+    for constraint in spreads:
+        constraint.setdefault("labelSelector", {"matchLabels": selector_labels(job)})
+    pod_spec.update({
+        # The workers never call the Kubernetes API: a token would only be a credential
+        # for the job's code (and whoever takes it over) to act as the ServiceAccount.
+        # A template that needs one (e.g. code that reads ConfigMaps) says so explicitly.
+        "automountServiceAccountToken": user_pod.get("automountServiceAccountToken") is True,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": WORKER_UID,
-            "runAsGroup": WORKER_UID,
-            "fsGroup": WORKER_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [worker_container(raw, spec)],
-        "volumes": volumes,
-    }
-    if raw.get("nodeSelector"):
-        pod_spec["nodeSelector"] = copy.deepcopy(raw["nodeSelector"])
-    if raw.get("tolerations"):
-        pod_spec["tolerations"] = copy.deepcopy(raw["tolerations"])
+        "securityContext": copy.deepcopy(RESTRICTED_POD),
+        "containers": [worker_container(body["spec"], spec, user_pod["containers"][0])],
+        "volumes": volumes + pod_spec.get("volumes", []),
+    })  # fmt: skip
+    user_meta = user["metadata"]
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -235,9 +322,9 @@ def worker_statefulset(body: Obj, spec: StreamJobSpec, replicas: int) -> Obj:
             "selector": {"matchLabels": selector_labels(job)},
             "template": {
                 "metadata": {
-                    "labels": {**(raw.get("podLabels") or {}), **selector_labels(job)},
+                    "labels": {**user_meta.get("labels", {}), **selector_labels(job)},
                     "annotations": {
-                        **(raw.get("podAnnotations") or {}),
+                        **user_meta.get("annotations", {}),
                         CONFIG_HASH: _config_hash(body),
                     },
                 },
@@ -251,20 +338,39 @@ def secret_refs(spec: StreamJobSpec) -> dict[str, list[str]]:
     """Every Secret the job's spec names, with where: what the operator reads
     (``stateStore.secretRef``; ``autoscaler.prometheus.secretRef`` when the autoscaler is
     on) and what it mounts into the workers (the store's Secret, the Secrets of
-    ``env[*].valueFrom.secretKeyRef``). Each must opt in with the label
-    :data:`~keyshift.controller.k8s_api.SECRET_LABEL` before the operator uses it."""
+    ``env[*].valueFrom.secretKeyRef`` and of the pod template: its ``secret``,
+    ``projected`` and ``csi`` volumes and its ``envFrom`` ``secretRef``). Each must opt in
+    with the label :data:`~keyshift.controller.k8s_api.SECRET_LABEL` before the operator
+    uses it. Not the template's ``imagePullSecrets``: the kubelet reads them to pull the
+    image, and they never reach the workers."""
     refs: dict[str, list[str]] = {}
-    if spec.state_store.secret_ref:
-        refs.setdefault(spec.state_store.secret_ref, []).append("stateStore.secretRef")
-    if spec.autoscaler.enabled and spec.autoscaler.prometheus.secret_ref:
-        refs.setdefault(spec.autoscaler.prometheus.secret_ref, []).append(
-            "autoscaler.prometheus.secretRef"
-        )
+
+    def add(name: Any, where: str) -> None:
+        if isinstance(name, str) and name:
+            refs.setdefault(name, []).append(where)
+
+    add(spec.state_store.secret_ref, "stateStore.secretRef")
+    if spec.autoscaler.enabled:
+        add(spec.autoscaler.prometheus.secret_ref, "autoscaler.prometheus.secretRef")
     for i, var in enumerate(spec.env):
         ref = (var.value_from or {}).get("secretKeyRef")
         name = ref.get("name") if isinstance(ref, dict) else None
-        if isinstance(name, str) and name:
-            refs.setdefault(name, []).append(f"env[{i}] {var.name}: valueFrom.secretKeyRef")
+        add(name, f"env[{i}] {var.name}: valueFrom.secretKeyRef")
+    template = spec.pod_template.spec
+    for i, volume in enumerate(template.volumes):
+        where = f"podTemplate.spec.volumes[{i}] {volume.name}"
+        add((volume.secret or {}).get("secretName"), f"{where}: secret")
+        sources = (volume.projected or {}).get("sources")
+        for j, source in enumerate(sources if isinstance(sources, list) else []):
+            found = source.get("secret") if isinstance(source, dict) else None
+            name = found.get("name") if isinstance(found, dict) else None
+            add(name, f"{where}: projected.sources[{j}].secret")
+        csi_ref = (volume.csi or {}).get("nodePublishSecretRef")
+        add(csi_ref.get("name") if isinstance(csi_ref, dict) else None,
+            f"{where}: csi.nodePublishSecretRef")  # fmt: skip
+    for i, source in enumerate(template.worker.env_from):
+        if source.secret_ref is not None:
+            add(source.secret_ref.name, f"podTemplate.spec.containers[0].envFrom[{i}].secretRef")
     return refs
 
 
@@ -278,9 +384,45 @@ def owned_objects(body: Obj, spec: StreamJobSpec, replicas: int) -> list[Obj]:
     ]
 
 
+_SUFFIXES: Final[dict[str, Decimal]] = {
+    **{s: Decimal(2) ** (10 * (i + 1)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{s: Decimal(10) ** e for s, e in [("n", -9), ("u", -6), ("m", -3), ("", 0), ("k", 3),
+                                         ("M", 6), ("G", 9), ("T", 12), ("P", 15), ("E", 18)]},
+}  # fmt: skip
+_QUANTITY: Final = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([KMGTPE]i|[numkMGTPE]?)$")
+
+
+def _quantity(value: Any) -> Any:
+    """A resource quantity as a number (``0.5``, ``500m`` and ``"1"``/``1`` alike: the API
+    server stores its canonical form); anything else as it is."""
+    match = _QUANTITY.match(str(value)) if isinstance(value, int | str) else None
+    if match is None or isinstance(value, bool):
+        return value
+    try:
+        number = Decimal(match.group(1)) * _SUFFIXES[match.group(2)]
+    except ArithmeticError:
+        return value
+    return str(number.normalize())
+
+
+def _canonical(obj: Any, key: str = "") -> Any:
+    """``obj`` with the quantities of ``resources`` and of ``sizeLimit`` canonical, for
+    comparing: a worker container's ``cpu: 0.5`` is ``500m`` once stored."""
+    if isinstance(obj, dict):
+        if key in ("requests", "limits"):
+            return {k: _quantity(v) for k, v in obj.items()}
+        return {k: _canonical(v, k) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_canonical(v) for v in obj]
+    return _quantity(obj) if key == "sizeLimit" else obj
+
+
 def _subset_differs(desired: Any, actual: Any) -> bool:
     """Whether ``actual`` lacks or changes anything ``desired`` sets (extra fields are fine:
-    the API server adds defaults)."""
+    the API server adds defaults; an empty map or list is fine missing: the API server
+    drops them)."""
+    if actual is None and (desired == {} or desired == []):
+        return False
     if isinstance(desired, dict):
         if not isinstance(actual, dict):
             return True
@@ -306,7 +448,9 @@ def drift(desired: Obj, actual: Obj) -> Obj | None:
         if desired["kind"] == "StatefulSet":
             want.pop("replicas", None)
         have = actual.get(field) or {}
-        changed = {k: v for k, v in want.items() if _subset_differs(v, have.get(k))}
+        changed = {
+            k: v for k, v in want.items() if _subset_differs(_canonical(v), _canonical(have.get(k)))
+        }
         if changed:
             patch[field] = changed
     meta_want = desired["metadata"]

@@ -43,7 +43,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
 
 from keyshift.store.client import parse_store_url
 from keyshift.store.protocol import check_job_name
@@ -520,6 +520,281 @@ class EnvVar(Model):
         return self
 
 
+_DNS_LABEL: Final = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_DNS_SUBDOMAIN: Final = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+_RESERVED_VOLUMES: Final = ("config", "tmp", "store-secret")
+"""The worker pod's own volumes (the job's manifest, a scratch ``/tmp``, the store's
+Secret): a pod template's volumes take other names."""
+_RESERVED_PATHS: Final = ("/etc/keyshift", "/tmp", "/var/run/secrets/keyshift")
+"""Where the operator mounts its volumes in the worker container."""
+_RESERVED_LABELS: Final = ("app.kubernetes.io/name", "apps.kubernetes.io/pod-index")
+"""Labels the operator (the workers' selector) or the StatefulSet controller sets; so
+are all of ``keyshift.dev/``."""
+_VOLUME_SOURCES: Final = (
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+    "projected", "secret",
+)  # fmt: skip
+"""The volume types the restricted Pod Security Standard allows."""
+_RESTRICTED: Final = (
+    "the workers always run with the restricted security context (non-root, read-only "
+    "root filesystem, no privilege escalation, all capabilities dropped, seccomp "
+    "RuntimeDefault) and the pod template cannot relax it"
+)
+
+
+class ObjectName(Model):
+    """A reference to an object of the job's namespace by name (Kubernetes
+    LocalObjectReference)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN)
+    """The object's name."""
+
+
+class KeyRef(Model):
+    """A ConfigMap or Secret whose keys become environment variables."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN)
+    """The ConfigMap's or Secret's name."""
+    optional: bool | None = None
+    """Whether the pod starts without it."""
+
+
+class EnvFromSource(Model):
+    """Environment variables of the worker container from all keys of a ConfigMap or a
+    Secret (Kubernetes EnvFromSource): give exactly one of ``configMapRef`` and
+    ``secretRef``. Variables of ``spec.env`` and the operator's own win over them."""
+
+    prefix: str | None = Field(default=None, max_length=253)
+    """Prepended to every key."""
+    config_map_ref: KeyRef | None = None
+    """The ConfigMap."""
+    secret_ref: KeyRef | None = None
+    """The Secret, labelled ``keyshift.dev/streamjob-secret=true``: the operator uses no
+    other Secret."""
+
+    @model_validator(mode="after")
+    def _check(self) -> EnvFromSource:
+        if (self.config_map_ref is None) == (self.secret_ref is None):
+            raise ValueError("envFrom: give exactly one of configMapRef and secretRef")
+        return self
+
+
+class Volume(Model):
+    """A volume of the worker pod (Kubernetes Volume), of one of the types the restricted
+    Pod Security Standard allows; each source is the Kubernetes object of that name."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=_DNS_LABEL)
+    """The volume's name (not ``config``, ``tmp`` or ``store-secret``: the operator's)."""
+    config_map: dict[str, Any] | None = None
+    """A ConfigMap (Kubernetes ConfigMapVolumeSource)."""
+    csi: dict[str, Any] | None = None
+    """A CSI driver's volume (Kubernetes CSIVolumeSource)."""
+    downward_api: dict[str, Any] | None = Field(default=None, alias="downwardAPI")
+    """The pod's own fields (Kubernetes DownwardAPIVolumeSource)."""
+    empty_dir: dict[str, Any] | None = None
+    """A scratch directory (Kubernetes EmptyDirVolumeSource)."""
+    ephemeral: dict[str, Any] | None = None
+    """A volume claimed for the pod's lifetime (Kubernetes EphemeralVolumeSource)."""
+    persistent_volume_claim: dict[str, Any] | None = None
+    """A PersistentVolumeClaim (Kubernetes PersistentVolumeClaimVolumeSource)."""
+    projected: dict[str, Any] | None = None
+    """Several sources in one directory (Kubernetes ProjectedVolumeSource)."""
+    secret: dict[str, Any] | None = None
+    """A Secret (Kubernetes SecretVolumeSource), labelled
+    ``keyshift.dev/streamjob-secret=true``: the operator uses no other Secret."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _allowed_type(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            other = sorted(k for k in data if k != "name" and k not in _VOLUME_SOURCES)
+            if other:
+                raise ValueError(
+                    f"volume {data.get('name')!r}: {', '.join(other)} is not a volume type "
+                    "the workers may use: they run under the restricted Pod Security "
+                    f"Standard, which allows {', '.join(_VOLUME_SOURCES)}"
+                )
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> Volume:
+        given = [k for k in _VOLUME_SOURCES if self.source(k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"volume {self.name!r}: give exactly one volume type")
+        if self.name in _RESERVED_VOLUMES:
+            raise ValueError(
+                f"volume name {self.name!r} is the operator's: the worker pod has the "
+                f"volumes {', '.join(_RESERVED_VOLUMES)}"
+            )
+        return self
+
+    def source(self, kind: str) -> dict[str, Any] | None:
+        """The volume's source of type ``kind`` (``secret``, ``projected``, ...), if any."""
+        found: dict[str, Any] | None = getattr(self, to_snake(kind))
+        return found
+
+
+class VolumeMount(Model):
+    """Where the worker container mounts a volume of the pod template (Kubernetes
+    VolumeMount)."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=_DNS_LABEL)
+    """The name of a volume of ``podTemplate.spec.volumes``."""
+    mount_path: str = Field(min_length=2, max_length=4096, pattern=r"^/")
+    """An absolute path, not at or below the operator's mounts (``/etc/keyshift``,
+    ``/tmp``, ``/var/run/secrets/keyshift``)."""
+    read_only: bool = False
+    """Mount it read-only."""
+    sub_path: str | None = Field(default=None, max_length=4096)
+    """A path inside the volume to mount instead of its root."""
+
+    @field_validator("mount_path")
+    @classmethod
+    def _not_the_operators(cls, path: str) -> str:
+        clean = path.rstrip("/")
+        for reserved in _RESERVED_PATHS:
+            if (
+                clean == reserved
+                or clean.startswith(f"{reserved}/")
+                or (reserved.startswith(f"{clean}/"))
+            ):
+                raise ValueError(
+                    f"mountPath {path!r} overlaps {reserved}, where the operator mounts "
+                    "the worker's own volumes"
+                )
+        if ".." in path.split("/"):
+            raise ValueError(f"mountPath {path!r} must not contain '..'")
+        return path
+
+
+class WorkerContainerTemplate(Model):
+    """Settings of the worker container (the pod's only container, named ``worker``);
+    its command, image, ports, probes and security context are the operator's."""
+
+    name: Literal["worker"] = "worker"
+    """The container's name: ``worker``."""
+    volume_mounts: list[VolumeMount] = Field(default_factory=list, max_length=64)
+    """Mounts of the pod template's volumes."""
+    env_from: list[EnvFromSource] = Field(default_factory=list, max_length=64)
+    """Environment variables from ConfigMaps and Secrets."""
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    """Compute resources of each worker (``spec.resources`` wins per resource name)."""
+
+
+class PodTemplateMetadata(Model):
+    """Labels and annotations of the worker pods."""
+
+    labels: dict[str, Annotated[str, StringConstraints(max_length=63)]] = Field(
+        default_factory=dict
+    )
+    """Extra labels (``spec.podLabels`` wins; the operator's selector labels and
+    ``keyshift.dev/`` ones cannot be set)."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Extra annotations (``spec.podAnnotations`` wins; ``keyshift.dev/`` ones cannot
+    be set)."""
+
+    @field_validator("labels", "annotations")
+    @classmethod
+    def _not_the_operators(cls, values: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(
+            k for k in values if k in _RESERVED_LABELS or k.startswith("keyshift.dev/")
+        )
+        if reserved:
+            raise ValueError(
+                f"{reserved} are the operator's (the workers' selector and bookkeeping): "
+                "use other keys"
+            )
+        return values
+
+
+class PodTemplateSpec(Model):
+    """The part of the worker pod's spec a user sets; every other field is the
+    operator's (see ``podTemplate``)."""
+
+    image_pull_secrets: list[ObjectName] = Field(default_factory=list, max_length=64)
+    """Secrets with registry credentials for the job's image (the kubelet uses them to
+    pull; they need no label: they never reach the workers)."""
+    service_account_name: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN
+    )
+    """The workers' ServiceAccount; omitted: the namespace's ``default``."""
+    automount_service_account_token: bool | None = None
+    """``true`` mounts the ServiceAccount's API token into the workers. Omitted or
+    ``false``: no token (the workers never call the Kubernetes API, and the job's code
+    should not hold credentials it does not need)."""
+    affinity: dict[str, Any] | None = None
+    """Kubernetes Affinity of the worker pods."""
+    topology_spread_constraints: list[dict[str, Any]] = Field(default_factory=list, max_length=32)
+    """Kubernetes TopologySpreadConstraints; one without ``labelSelector`` spreads the
+    job's workers (their selector labels)."""
+    priority_class_name: str | None = Field(
+        default=None, min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN
+    )
+    """The workers' PriorityClass."""
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, max_length=64)
+    """Kubernetes tolerations (``spec.tolerations`` are added)."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels (``spec.nodeSelector`` wins per key)."""
+    volumes: list[Volume] = Field(default_factory=list, max_length=64)
+    """Extra volumes, mounted by ``containers[0].volumeMounts``."""
+    containers: list[WorkerContainerTemplate] = Field(default_factory=list, max_length=1)
+    """At most one: the worker container's settings (``name: worker``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_security_context(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "securityContext" in data:
+            raise ValueError(f"podTemplate.spec.securityContext cannot be set: {_RESTRICTED}")
+        if isinstance(data, dict):
+            for container in data.get("containers") or []:
+                if isinstance(container, dict) and "securityContext" in container:
+                    raise ValueError(
+                        f"podTemplate.spec.containers[].securityContext cannot be set: "
+                        f"{_RESTRICTED}"
+                    )
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> PodTemplateSpec:
+        names = [v.name for v in self.volumes]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"volumes {twice} are given twice")
+        for container in self.containers:
+            unknown = sorted({m.name for m in container.volume_mounts} - set(names))
+            if unknown:
+                raise ValueError(
+                    f"volumeMounts name volumes {unknown} that podTemplate.spec.volumes "
+                    "does not have"
+                )
+            paths = [m.mount_path.rstrip("/") for m in container.volume_mounts]
+            twice = sorted({p for p in paths if paths.count(p) > 1})
+            if twice:
+                raise ValueError(f"volumeMounts mount {twice} twice")
+        return self
+
+    @property
+    def worker(self) -> WorkerContainerTemplate:
+        """The worker container's settings (empty when not given)."""
+        return self.containers[0] if self.containers else WorkerContainerTemplate()
+
+
+class PodTemplate(Model):
+    """The worker pods' template (like a FlinkDeployment's ``podTemplate``), merged under
+    the operator's own settings.
+
+    Precedence: the operator's settings, then the shorthand fields of the spec
+    (``nodeSelector``, ``tolerations``, ``podLabels``, ``podAnnotations``, ``env``,
+    ``resources``), then this template. The restricted security context is always the
+    operator's, and there is no API token unless ``automountServiceAccountToken: true``."""
+
+    metadata: PodTemplateMetadata = Field(default_factory=PodTemplateMetadata)
+    """Labels and annotations of the worker pods."""
+    spec: PodTemplateSpec = Field(default_factory=PodTemplateSpec)
+    """Scheduling, registry credentials, ServiceAccount, volumes and the worker
+    container's mounts, envFrom and resources."""
+
+
 _SECRET_VARIABLE = re.compile(r"PASSWORD|SECRET|TOKEN|PRIVATE", re.IGNORECASE)
 
 
@@ -586,6 +861,12 @@ class StreamJobSpec(Model):
     """Extra labels of the worker pods."""
     pod_annotations: dict[str, str] = Field(default_factory=dict)
     """Extra annotations of the worker pods."""
+    pod_template: PodTemplate = Field(default_factory=PodTemplate)
+    """The worker pods' template: scheduling (affinity, topology spread, priority class),
+    registry credentials, ServiceAccount, volumes and the worker container's mounts,
+    envFrom and resources. The fields above (``nodeSelector``, ``tolerations``,
+    ``podLabels``, ``podAnnotations``, ``env``, ``resources``) are shorthands merged over
+    it; the operator's own settings win over both."""
 
     @property
     def generator(self) -> GeneratorSource:
