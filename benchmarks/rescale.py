@@ -112,6 +112,7 @@ def write_manifest(path: Path, args: argparse.Namespace, keys: int, sink: str) -
             "sink": {"type": "log", "path": sink},
             "checkpointInterval": f"{args.checkpoint_ms}ms",
             "failoverAfter": f"{args.failover_after}s",
+            "standbyWorkers": args.standby,
         },
     }
     path.write_text(json.dumps(manifest, indent=2))  # JSON is YAML
@@ -954,6 +955,8 @@ def main() -> int:
     parser.add_argument("--checkpoint-ms", type=int, default=200)
     parser.add_argument("--failover-after", type=float, default=2.0)
     parser.add_argument("--no-failover", action="store_true")
+    parser.add_argument("--standby", type=int, default=0,
+                        help="spec.standbyWorkers: ready workers beyond parallelism")  # fmt: skip
     parser.add_argument("--busy", action="store_true",
                         help="loaded: ~250 us CPU per record (busy_rescale_job)")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the run directories")

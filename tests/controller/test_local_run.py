@@ -10,11 +10,13 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from keyshift.controller.assignment import is_ranges, moved, plan_assignment
 from keyshift.controller.handoffs import STAGES
@@ -290,3 +292,44 @@ def _wait_exit(job: LocalJob, timeout: float = 60) -> None:
     code = job.process.wait(timeout=timeout)
     assert code == -signal.SIGKILL, job.log()
     job.process = None
+
+
+async def test_standby_workers_take_a_scale_up_and_are_refilled(
+    tmp_path: Path, local_jobs: list[LocalJob]
+) -> None:
+    """``standbyWorkers: 2`` beside parallelism 2: four worker processes, two owning
+    nothing. 2 -> 4 gives key groups to the two standby processes (the same PIDs: no
+    process starts in the rescale), then two new standby workers start; 4 -> 2 stops the
+    two beyond parallelism + standby and keeps the freed ones as standby. The state ends
+    exact."""
+    limit = 5000
+    path, source = manifest(tmp_path, "standby", parallelism=2, limit=limit, rate=3000)
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["standbyWorkers"] = 2
+    path.write_text(yaml.safe_dump(doc))
+    job = LocalJob(tmp_path, path, "standby").start()
+    local_jobs.append(job)
+
+    def ready(ordinals: set[int]) -> Callable[[dict[str, Any]], bool]:
+        return lambda s: {w["ordinal"] for w in s["workers"] if w["ready"]} == ordinals
+
+    await asyncio.to_thread(job.wait_status, ready({0, 1, 2, 3}), 60, "2 workers and 2 standby")
+    standby = {o: job.worker_pid(o) for o in (2, 3)}
+    await asyncio.to_thread(job.scale, 4)
+    record = job.controller_record()["history"][-1]
+    assert (record["to_parallelism"], record["outcome"]) == (4, "succeeded")
+    assert {o: job.worker_pid(o) for o in (2, 3)} == standby  # taken, not started
+    status = await asyncio.to_thread(
+        job.wait_status, ready({0, 1, 2, 3, 4, 5}), 60, "the standby refilled"
+    )  # fmt: skip
+    owning = {w["ordinal"]: w["key_groups"] for w in status["workers"]}
+    assert all(owning[o] for o in (0, 1, 2, 3)) and not owning[4] and not owning[5], owning
+
+    await asyncio.to_thread(job.scale, 2)
+    await asyncio.to_thread(job.wait_status, ready({0, 1, 2, 3}), 60, "4 and 5 stopped")
+    assert {o: job.worker_pid(o) for o in (2, 3)} == standby  # kept as the standby
+    store = job.store()
+    await wait_for(lambda: all_done(store, "standby", KEY_GROUPS, limit), 90, "the job to finish")
+    await assert_exact_counter_state(store, "standby", source, KEY_GROUPS, limit)
+    await store.close()
+    assert job.interrupt() == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from keyshift.controller.assignment import plan_assignment, plan_failover
+from keyshift.controller.controller import workers_needed
 from keyshift.controller.pool import WorkerInfo
 from keyshift.controller.reconcile import Desired, decide
 from keyshift.controller.rescale import (
@@ -278,3 +279,25 @@ def test_decide_rebalances_after_a_failover_by_load() -> None:
     assert r is not None and r.reason == "rebalance"
     assert sorted(r.to_owners.count(w) for w in range(4)) == [2, 2, 2, 2]
     assert r.predicted_balance == 1.0
+
+
+def test_standby_workers_are_taken_by_a_scale_up_and_kept_by_a_scale_down() -> None:
+    """With two standby workers (ordinals 2 and 3 beside parallelism 2), 2 -> 4 starts no
+    process: the standby workers are ready, so the new assignment is published at once;
+    4 -> 2 stops nobody: the freed workers are the new standby, and only workers beyond
+    parallelism + standby stop."""
+    owners = plan_assignment(K, 2)
+    up = plan_rescale("j", K, owners, 2, 3, 4, "manual", now=0.0, standby=2)
+    assert up.start_workers == [2, 3]
+    standby_ready = {0: True, 1: True, 2: True, 3: True, 4: True, 5: True}
+    assert next_step(up, obs(0, 3, standby_ready), DL) == Advance("publishing")
+    down = plan_rescale("j", K, plan_assignment(K, 4), 4, 4, 2, "manual", now=0.0, standby=2)
+    assert down.stop_workers == [4, 5]
+    assert plan_rescale("j", K, plan_assignment(K, 4), 4, 4, 3, "manual", 0.0).stop_workers == [3]
+
+
+def test_the_controller_keeps_the_standby_running() -> None:
+    assignment = Assignment(2, 3, tuple(plan_assignment(K, 3)))
+    assert workers_needed(assignment, None, standby=2) == {0, 1, 2, 3, 4}
+    assert workers_needed(assignment, None) == {0, 1, 2}
+    assert workers_needed(None, None, standby=2) == set()

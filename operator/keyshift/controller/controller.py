@@ -31,6 +31,8 @@ class ControllerSettings:
     failover_after: float = 3.0
     tick_seconds: float = 0.2
     deadlines: Deadlines = field(default_factory=Deadlines)
+    standby_workers: int = 0
+    """Workers kept running beyond the parallelism, owning nothing (``standbyWorkers``)."""
 
     @classmethod
     def for_spec(
@@ -40,6 +42,7 @@ class ControllerSettings:
         return cls(
             failover_after=failover_after or spec.failover_after,
             deadlines=Deadlines(handoff_seconds=spec.handoff_timeout),
+            standby_workers=spec.standby_workers,
         )
 
 
@@ -47,9 +50,12 @@ STORE_STALL_SECONDS = 1.0
 """A store call that took longer than this counts as a store outage ending now."""
 
 
-def workers_needed(assignment: Assignment | None, current: Rescale | None) -> set[int]:
-    """Ordinals that must be running (or restarting) now."""
-    needed = set() if assignment is None else set(range(assignment.parallelism))
+def workers_needed(
+    assignment: Assignment | None, current: Rescale | None, standby: int = 0
+) -> set[int]:
+    """Ordinals that must be running (or restarting) now: the assignment's workers and
+    ``standby`` more, which own nothing until a scale-up takes them."""
+    needed = set() if assignment is None else set(range(assignment.parallelism + standby))
     if current is not None:
         if current.phase in ("starting_workers", "publishing"):
             needed |= set(range(current.from_parallelism))
@@ -104,7 +110,7 @@ class Controller:
             self.store_ok_since = self.clock()
             self.on_event("Normal", "state store reachable again")
         current = self.executor.record.current
-        needed = workers_needed(self.assignment, current)
+        needed = workers_needed(self.assignment, current, self.settings.standby_workers)
         running = await self.pool.workers()
         missing = sorted(needed - set(running))
         if missing:
@@ -118,6 +124,7 @@ class Controller:
             rescale = decide(
                 self.job, self.key_groups, self.assignment, running, self.desired(),
                 self.clock(), self.settings.failover_after, self.store_ok_since, self.load(),
+                self.settings.standby_workers,
             )  # fmt: skip
         except ValueError as exc:  # e.g. a desired parallelism above the key group count
             self._error(str(exc))

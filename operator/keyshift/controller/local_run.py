@@ -125,14 +125,16 @@ def check_manifest(
         raise InvalidManifest(path, validation_message(exc, prefix="")) from None
     _check_entry_point(path, spec.job)
     scaler = spec.autoscaler
+    standby = spec.standby_workers
     for name, wanted in [
         ("parallelism", spec.parallelism),
         ("autoscaler.minParallelism", scaler.min_parallelism if scaler.enabled else 0),
     ]:
-        if wanted > max_workers:
+        if wanted + standby > max_workers:
+            more = f" and {standby} standby workers" if standby else ""
             raise InvalidManifest(path, (
-                f"spec.{name} is {wanted}: keyshift run starts at most {max_workers} worker "
-                "processes on this machine (--max-workers raises the limit)"
+                f"spec.{name} is {wanted}{more}: keyshift run starts at most {max_workers} "
+                "worker processes on this machine (--max-workers raises the limit)"
             ))  # fmt: skip
     try:
         last = json.loads(RunDir.of(manifest.name, base_dir).status.read_text())["key_groups"]
@@ -415,7 +417,8 @@ class LocalRun:
         spec = self.spec.autoscaler
         if not spec.enabled:
             return None
-        ceiling = min(spec.max_parallelism or self.spec.key_groups, self.max_workers)
+        room = self.max_workers - self.spec.standby_workers
+        ceiling = max(1, min(spec.max_parallelism or self.spec.key_groups, room))
         spec = spec.model_copy(update={"max_parallelism": ceiling})  # --max-workers
         provider: MetricsProvider
         if spec.prometheus.url:

@@ -71,10 +71,11 @@ def decide(
     failover_after: float,
     store_ok_since: float | None = None,
     load: Sequence[float] | None = None,
+    standby: int = 0,
 ) -> Rescale | None:
     if assignment is None:
         return plan_rescale(job, key_groups, None, 0, 0, desired.parallelism, "initial", now,
-                            load)  # fmt: skip
+                            load, standby)  # fmt: skip
     p, g = assignment.parallelism, assignment.generation
     owners = assignment.owners
 
@@ -85,9 +86,9 @@ def decide(
 
     all_ready = all(w in workers and workers[w].ready for w in range(p))
     if not is_ranges(owners, p) and all_ready:
-        return plan_rescale(job, key_groups, owners, p, g, p, "rebalance", now, load)
+        return plan_rescale(job, key_groups, owners, p, g, p, "rebalance", now, load, standby)
 
     if desired.parallelism != p and all_ready:
         return plan_rescale(job, key_groups, owners, p, g, desired.parallelism, desired.reason, now,
-                            load)  # fmt: skip
+                            load, standby)  # fmt: skip
     return None

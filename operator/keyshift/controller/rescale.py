@@ -110,9 +110,10 @@ def _new(
     now: float,
     *,
     forced: Sequence[int] = (),
+    standby: int = 0,
 ) -> Rescale:
-    grow = list(range(from_parallelism, to_parallelism))
-    shrink = list(range(to_parallelism, from_parallelism))
+    grow = list(range(from_parallelism, to_parallelism))  # standby ones are running already
+    shrink = list(range(to_parallelism + standby, from_parallelism + standby))
     return Rescale(
         id=secrets.token_hex(4),
         job=job,
@@ -143,16 +144,19 @@ def plan_rescale(
     reason: Reason,
     now: float,
     load: Sequence[float] | None = None,
+    standby: int = 0,
 ) -> Rescale:
     """A rescale to ``to_parallelism`` contiguous ranges (also the first deployment);
-    ``load``: the measured load per key group, steering the boundaries (None: by count)."""
+    ``load``: the measured load per key group, steering the boundaries (None: by count);
+    ``standby``: workers kept running beyond the parallelism, owning nothing (a scale-up
+    takes them first; a scale-down keeps that many of the workers it frees)."""
     check_parallelism(to_parallelism, key_groups)
     plan: RangePlan = plan_ranges(key_groups, to_parallelism, load, current_owners)
     rescale = _new(
         job, "initial" if current_owners is None else reason,
         current_owners or [], plan.owners,
         0 if current_owners is None else current_parallelism, to_parallelism,
-        current_generation, now,
+        current_generation, now, standby=standby,
     )  # fmt: skip
     rescale.predicted_balance = plan.balance
     rescale.load_aware = plan.load_aware

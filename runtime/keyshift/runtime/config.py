@@ -827,6 +827,10 @@ class StreamJobSpec(Model):
     not configured here are counted (``keyshift_side_output_records_total``) and dropped."""
     state_store: StateStoreSpec = Field(default_factory=StateStoreSpec)
     """The remote state store."""
+    standby_workers: int = Field(default=0, ge=0, le=64)
+    """Workers started and ready beyond ``parallelism`` that own no key group: a scale-up
+    takes them first, so its new workers need no process or pod start, and the standby is
+    refilled after it. Each costs what an idle worker does (its memory and requests)."""
     checkpoint_interval: Seconds = 1.0
     """How often each key group commits its state and input position: a number of seconds
     or a duration such as ``500ms``, ``2s``, ``1m`` (on Kubernetes, fractions of a second
