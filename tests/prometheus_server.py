@@ -3,8 +3,9 @@ it with apt).
 
 It listens on a free loopback port, keeps its TSDB in a directory of its own,
 scrapes every second, and finds its targets through a file (``file_sd_configs``)
-the test writes with ``set_targets``.  ``honor_labels: true`` keeps the workers'
-own ``job`` label (without it Prometheus renames it ``exported_job``).  New
+the test writes with ``set_targets``.  No ``honor_labels``: keyshift's metrics
+name the StreamJob ``streamjob`` and ``namespace``, never ``job``, so a
+Prometheus as configured by default keeps them as they are.  New
 targets are picked up within about 6 s (file discovery plus the discovery
 manager's update interval): ``wait_until_scraped`` polls the targets API until
 every target is up, with a deadline.  The process is stopped by its PID.
@@ -33,7 +34,6 @@ global:
   evaluation_interval: 1s
 scrape_configs:
   - job_name: {job}
-    honor_labels: true
     metrics_path: /metrics
     file_sd_configs:
       - files: [{targets}]
