@@ -3,11 +3,13 @@ it with apt).
 
 It listens on a free loopback port, keeps its TSDB in a directory of its own,
 scrapes every second, and finds its targets through a file (``file_sd_configs``)
-the test writes with ``set_targets``.  ``honor_labels: true`` keeps the workers'
-own ``job`` label (without it Prometheus renames it ``exported_job``).  New
+the test writes with ``set_targets``.  No ``honor_labels``: keyshift's metrics
+name the StreamJob ``streamjob`` and ``namespace``, never ``job``, so a
+Prometheus as configured by default keeps them as they are.  New
 targets are picked up within about 6 s (file discovery plus the discovery
 manager's update interval): ``wait_until_scraped`` polls the targets API until
-every target is up, with a deadline.  The process is stopped by its PID.
+every target is up, with a deadline.  ``rule_files`` are loaded and evaluated
+every second (``rules()``, ``alerts()``).  The process is stopped by its PID.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ global:
   scrape_interval: 1s
   scrape_timeout: 1s
   evaluation_interval: 1s
+rule_files: {rule_files}
 scrape_configs:
   - job_name: {job}
-    honor_labels: true
     metrics_path: /metrics
     file_sd_configs:
       - files: [{targets}]
@@ -46,11 +48,14 @@ def prometheus_binary() -> str | None:
 
 
 class PrometheusServer:
-    def __init__(self, directory: Path, binary: str | None = None) -> None:
+    def __init__(
+        self, directory: Path, binary: str | None = None, rule_files: Sequence[Path] = ()
+    ) -> None:
         found = binary or prometheus_binary()
         if found is None:
             raise FileNotFoundError("no prometheus binary on PATH")
         self.binary = found
+        self.rule_files = [str(path) for path in rule_files]
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.targets_file = directory / "targets.json"
@@ -70,7 +75,11 @@ class PrometheusServer:
         if not self.targets_file.exists():
             self.set_targets([])
         self.config_file.write_text(
-            CONFIG.format(job=SCRAPE_JOB, targets=json.dumps(str(self.targets_file)))
+            CONFIG.format(
+                job=SCRAPE_JOB,
+                targets=json.dumps(str(self.targets_file)),
+                rule_files=json.dumps(self.rule_files),
+            )
         )
         self.port = free_port()
         cmd = [
@@ -144,6 +153,16 @@ class PrometheusServer:
                     f"(targets: {seen})"
                 )
             time.sleep(0.2)
+
+    def rules(self) -> list[dict[str, Any]]:
+        """The rule groups Prometheus loaded (``/api/v1/rules``)."""
+        groups: list[dict[str, Any]] = self.get("/api/v1/rules")["data"]["groups"]
+        return groups
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """The pending and firing alerts (``/api/v1/alerts``)."""
+        alerts: list[dict[str, Any]] = self.get("/api/v1/alerts")["data"]["alerts"]
+        return alerts
 
     def _ready(self) -> bool:
         try:

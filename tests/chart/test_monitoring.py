@@ -17,7 +17,7 @@ from prometheus_client.registry import CollectorRegistry
 from keyshift.controller import operator_metrics
 from keyshift.controller.k8s_objects import HTTP_PORT, selector_labels, worker_container
 from keyshift.runtime.config import StreamJobSpec
-from keyshift.runtime.metrics import WorkerMetrics
+from keyshift.runtime.metrics import NAMESPACE_ENV, WorkerMetrics
 from tests.chart.render import NAMESPACE, find, one, render
 
 Obj = dict[str, Any]
@@ -41,7 +41,9 @@ def test_the_pod_monitor_scrapes_the_operators_worker_pods_keeping_their_labels(
     assert spec["selector"]["matchLabels"].items() <= selector_labels("any-job").items()
     (endpoint,) = spec["podMetricsEndpoints"]
     assert worker_port_names()[endpoint["port"]] == HTTP_PORT
-    assert endpoint["honorLabels"] is True  # the autoscaler's queries select by `job`
+    # the workers' `streamjob` and `namespace` labels need no honorLabels: the target's
+    # `namespace` (the pod's) is the StreamJob's, which the worker reads from the pod
+    assert "honorLabels" not in endpoint
     assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     cluster = one(render({**MONITORS, "operator": {"scope": "cluster"}}), "PodMonitor")
     assert cluster["spec"]["namespaceSelector"] == {"any": True}
@@ -56,7 +58,17 @@ def test_the_service_monitor_scrapes_the_operators_metrics_service() -> None:
     )
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    # the operator's `namespace` label is the StreamJob's, not the operator pod's
     assert endpoint["honorLabels"] is True
+
+
+def test_the_workers_name_their_namespace_from_the_pod() -> None:
+    spec = StreamJobSpec.model_validate(
+        {"job": "examples.counter:job", "keyGroups": 2, "source": {"type": "generator"},
+         "stateStore": {"url": "redis://v:6379"}}
+    )  # fmt: skip
+    env = {e["name"]: e for e in worker_container({}, spec)["env"]}
+    assert env[NAMESPACE_ENV]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
 
 def test_no_monitors_unless_asked_and_annotations_for_plain_prometheus() -> None:
@@ -125,6 +137,36 @@ def dashboard_series() -> set[str]:
     exprs += [a["expr"] for a in board["annotations"]["list"]]
     exprs += [v["definition"] for v in board["templating"]["list"] if "definition" in v]
     return set(re.findall(r"\bkeyshift_[a-z_]+", " ".join(exprs)))
+
+
+def test_the_dashboard_filters_by_namespace_and_streamjob() -> None:
+    """Two StreamJobs named alike in two namespaces are told apart; the variables come
+    from a worker's series, so a `keyshift run` scraped through its
+    prometheus-targets.json (namespace `local`, no operator) fills them too; no query
+    names the scrape job's `job` label."""
+    _, board = dashboard()
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["namespace"]["definition"] == (
+        "label_values(keyshift_records_processed_total, namespace)"
+    )
+    assert variables["streamjob"]["definition"] == (
+        'label_values(keyshift_records_processed_total{namespace=~"$namespace"}, streamjob)'
+    )
+    exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    exprs += [a["expr"] for a in board["annotations"]["list"]]
+    for expr in exprs:
+        selectors = re.findall(r"keyshift_[a-z_]+(\{[^}]*\})?", expr)
+        assert selectors and all(
+            'namespace=~"$namespace"' in s and 'streamjob=~"$streamjob"' in s for s in selectors
+        ), expr
+        assert not re.search(r"\bjob\b", expr), expr
+    titles = {p["title"]: p for p in board["panels"]}
+    failed = " ".join(t["expr"] for t in titles["Failed key groups"]["targets"])
+    assert "keyshift_key_groups_failed" in failed
+    cache = " ".join(t["expr"] for t in titles["State cache size"]["targets"])
+    assert "keyshift_state_cache_bytes" in cache and "keyshift_state_cache_max_bytes" in cache
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
 
 
 def test_the_dashboard_queries_only_exported_series() -> None:

@@ -34,10 +34,11 @@ TARGETS = (
 )
 
 
-def snap(metrics: WorkerMetrics, *, drop_created: bool = False) -> WorkerSnapshot:
+def snap(metrics: WorkerMetrics, *, drop_start_time: bool = False) -> WorkerSnapshot:
     text = metrics.exposition().decode()
-    if drop_created:
-        text = "\n".join(line for line in text.splitlines() if "_created" not in line) + "\n"
+    if drop_start_time:
+        lines = [line for line in text.splitlines() if "_start_time_seconds" not in line]
+        text = "\n".join(lines) + "\n"
     result = read_scrape(text, job=JOB, name=metrics.labels["worker"])
     assert isinstance(result, WorkerSnapshot), result
     return result
@@ -163,16 +164,16 @@ def test_single_scrape_has_no_rates() -> None:
     assert sample.lag == 6  # a level, not a rate: known from one scrape
 
 
-@pytest.mark.parametrize("drop_created", [False, True])
-def test_counter_reset_never_gives_a_negative_rate(drop_created: bool) -> None:
+@pytest.mark.parametrize("drop_start_time", [False, True])
+def test_counter_reset_never_gives_a_negative_rate(drop_start_time: bool) -> None:
     before = WorkerMetrics(JOB, W0)
     advance(before, 1000, 8.0, hits=50)
-    s0 = snap(before, drop_created=drop_created)
+    s0 = snap(before, drop_start_time=drop_start_time)
     restarted = WorkerMetrics(JOB, W0)  # the worker process started again
     advance(restarted, 50, 0.5, hits=5)
-    s1 = snap(restarted, drop_created=drop_created)
+    s1 = snap(restarted, drop_start_time=drop_start_time)
     advance(restarted, 200, 1.0, hits=20)
-    s2 = snap(restarted, drop_created=drop_created)
+    s2 = snap(restarted, drop_start_time=drop_start_time)
 
     assert counters_reset(s0, s1)
     assert not counters_reset(s1, s2)
@@ -194,7 +195,7 @@ def test_counter_reset_never_gives_a_negative_rate(drop_created: bool) -> None:
     )
 
 
-def test_restart_that_overtakes_the_old_counts_is_seen_by_created_time() -> None:
+def test_restart_that_overtakes_the_old_counts_is_seen_by_start_time() -> None:
     before = WorkerMetrics(JOB, W0)
     advance(before, 10, 0.1)
     s0 = snap(before)

@@ -73,8 +73,8 @@ AT, WINDOW = 10_000.0, 60.0
 
 
 def test_default_queries() -> None:
-    q = queries_for(JOB, 60)
-    sel = '{job="counter"}'
+    q = queries_for(JOB, 60, namespace="shop")
+    sel = '{streamjob="counter", namespace="shop"}'
     assert q[KEY_GROUP_ARRIVAL] == (
         f"deriv((max by (key_group) (keyshift_source_end_offset{sel}))[60s:1s])"
     )
@@ -106,7 +106,9 @@ def test_windows_and_job_names_are_valid_promql() -> None:
         promql_duration(0.0001)
     assert "[300s:5s]" in queries_for(JOB, 300)[KEY_GROUP_ARRIVAL]  # 60 points per window
     assert "[8500ms:1s]" in queries_for(JOB, 8.5)[KEY_GROUP_ARRIVAL]
-    assert '{job="a\\"b\\\\c"}' in queries_for('a"b\\c', 60)[PROCESSED_RATE]
+    assert (
+        '{streamjob="a\\"b\\\\c", namespace="local"}' in queries_for('a"b\\c', 60)[PROCESSED_RATE]
+    )
     assert coverage_tolerance(60) == 3.0 and coverage_tolerance(8) == 1.0
 
 
@@ -115,17 +117,17 @@ def test_query_overrides() -> None:
         {
             "arrivalRate": 'sum(rate(kafka_topic_partition_current_offset{topic="$job"}[$window]))',
             "lag": 'sum(kafka_consumergroup_lag{consumergroup="$job"})',
-            "busyRatio": 'avg by (worker) (my_busy{app="$job"})',
+            "busyRatio": 'avg by (worker) (my_busy{app="$job", ns="$namespace"})',
         }
     )
-    q = queries_for("orders", 30, overrides)
+    q = queries_for("orders", 30, overrides, namespace="shop")
     assert q[ARRIVAL_RATE] == 'sum(rate(kafka_topic_partition_current_offset{topic="orders"}[30s]))'
     assert q[TOTAL_LAG] == 'sum(kafka_consumergroup_lag{consumergroup="orders"})'
     assert (
         q[LAG_TREND] == 'deriv((sum(sum(kafka_consumergroup_lag{consumergroup="orders"})))[30s:1s])'
     )
-    assert q[BUSY_RATIO] == 'avg by (worker) (my_busy{app="orders"})'
-    assert q[PROCESSED_RATE] == queries_for("orders", 30)[PROCESSED_RATE]  # not overridden
+    assert q[BUSY_RATIO] == 'avg by (worker) (my_busy{app="orders", ns="shop"})'
+    assert q[PROCESSED_RATE] == queries_for("orders", 30, namespace="shop")[PROCESSED_RATE]
     assert overridden_queries(overrides) == {ARRIVAL_RATE, TOTAL_LAG, BUSY_RATIO}
     assert overridden_queries(None) == frozenset()
     # a regex anchor is not a placeholder
@@ -256,7 +258,9 @@ def test_no_series_at_all_says_why_and_reads_nothing_as_zero() -> None:
     assert (got.arrival_rate, got.processed_rate, got.lag, got.lag_trend) == (None,) * 4
     text = "\n".join(got.missing)
     assert f"{W0}: no sample in Prometheus now" in text and f"{W1}: no sample" in text
-    assert "honor_labels: true" in text  # the usual cause: the worker's job label renamed
+    # the selector it looked for, and where to look
+    assert 'keyshift_records_processed_total{streamjob="counter", namespace="local"}' in text
+    assert "scraping the workers" in text
     assert "key groups: no worker reports any" in text
 
 
@@ -408,9 +412,11 @@ class FakeWorkers:
     """Worker metric registries served over HTTP, advanced by the test: every key
     group's end offset grows at ``per_key_group`` records/s; lag 5 each."""
 
-    def __init__(self, job: str, key_groups: int, per_key_group: float) -> None:
+    def __init__(
+        self, job: str, key_groups: int, per_key_group: float, namespace: str = "shop"
+    ) -> None:
         self.job = job
-        self.metrics = [WorkerMetrics(job, worker_name(job, i)) for i in range(2)]
+        self.metrics = [WorkerMetrics(job, worker_name(job, i), namespace) for i in range(2)]
         self.owned: list[set[int]] = [set(), set()]
         self.key_groups = key_groups
         self.per_key_group = per_key_group
@@ -494,14 +500,19 @@ async def test_handoff_through_prometheus(
     prometheus: PrometheusServer, fake_workers: FakeWorkers
 ) -> None:
     """A key group reported by two workers, then moving to one of them: the arrival
-    rate and the lag count it once (800 records/s, lag 40), before and after."""
+    rate and the lag count it once (800 records/s, lag 40), before and after.  A
+    StreamJob of the same name in another namespace, scraped by the same Prometheus
+    (no honor_labels), is not counted."""
     fake = fake_workers
     fake.owned = [set(range(5)), set(range(4, 8))]  # key group 4 reported by both
     fake.tick()
-    prometheus.set_targets([f"127.0.0.1:{p}" for p in fake.ports])
+    twin = FakeWorkers(fake.job, key_groups=8, per_key_group=300.0, namespace="elsewhere")
+    twin.owned = [set(range(8)), set()]
+    await twin.start()
+    prometheus.set_targets([f"127.0.0.1:{p}" for p in [*fake.ports, *twin.ports]])
     await asyncio.to_thread(prometheus.wait_until_scraped, 20)
     window = 4.0
-    provider = PrometheusMetricsProvider(prometheus.url, window_seconds=window)
+    provider = PrometheusMetricsProvider(prometheus.url, window_seconds=window, namespace="shop")
     try:
         got = await collect_until(
             provider, fake.job, fake.targets(), lambda g: g.complete, 15, "a complete sample"
@@ -535,14 +546,17 @@ async def test_handoff_through_prometheus(
         # Overrides: one answering nothing is missing; one that does not parse fails.
         overrides = QueriesSpec.model_validate(
             {
-                "arrivalRate": 'sum(rate(no_such_metric{job="$job"}[$window]))',
+                "arrivalRate": 'sum(rate(no_such_metric{streamjob="$job"}[$window]))',
                 "lag": "sum(",
                 "busyRatio": (
-                    'sum by (worker) (rate(keyshift_busy_seconds_total{job="$job"}[$window]))'
+                    "sum by (worker) (rate(keyshift_busy_seconds_total"
+                    '{streamjob="$job", namespace="$namespace"}[$window]))'
                 ),
             }
         )
-        other = PrometheusMetricsProvider(prometheus.url, window_seconds=window, queries=overrides)
+        other = PrometheusMetricsProvider(
+            prometheus.url, window_seconds=window, queries=overrides, namespace="shop"
+        )
         try:
             got = await other.collect(fake.job, fake.targets())
         finally:
@@ -555,6 +569,7 @@ async def test_handoff_through_prometheus(
         assert all(w.busy_ratio is not None for w in got.per_worker)
     finally:
         await provider.close()
+        await twin.stop()
 
 
 async def test_real_workers_through_prometheus(

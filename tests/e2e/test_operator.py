@@ -180,7 +180,7 @@ def metric(text: str, name: str, job: str) -> float:
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name and sample.labels.get("job") == job:
+            if sample.name == name and sample.labels.get("streamjob") == job:
                 total += sample.value
     return total
 

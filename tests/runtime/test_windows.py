@@ -326,7 +326,7 @@ async def _run_to_end(m: StreamJob, job: Job[Any], output_dir: Path) -> tuple[fl
         worker.stop()
         async with asyncio.timeout(30):
             await task
-    labels = {"job": "win", "worker": worker.name, "output": "late"}
+    labels = {**worker.metrics.labels, "output": "late"}
     counted = worker.metrics.registry.get_sample_value("keyshift_side_output_records_total", labels)
     return info.created_at, counted
 

@@ -26,6 +26,7 @@ from keyshift.controller.metrics_provider import LoadSample, MetricsProvider, Wo
 from keyshift.controller.reconcile import Desired
 from keyshift.controller.rescale import Rescale
 from keyshift.runtime.config import AutoscalerSpec
+from keyshift.runtime.metrics import LOCAL_NAMESPACE
 
 log = logging.getLogger("keyshift.autoscaler")
 
@@ -64,8 +65,10 @@ class AutoscalerRunner:
         history: ScalingHistory | None = None,
         *,
         on_decision: Callable[[Decision, bool], None] | None = None,
+        namespace: str = LOCAL_NAMESPACE,
     ) -> None:
         self.job = job
+        self.namespace = namespace
         self.key_groups = key_groups
         self.spec = spec
         self.provider = provider
@@ -104,7 +107,10 @@ class AutoscalerRunner:
             rescaling=rescale is not None,
             failing_over=rescale is not None and rescale.reason == "failover",
         )  # fmt: skip
-        metrics.SCALING_DECISIONS.labels(direction(decision), decision.reason).inc()
+        metrics.SCALING_DECISIONS.labels(
+            streamjob=self.job, namespace=self.namespace, direction=direction(decision),
+            reason=decision.reason,
+        ).inc()  # fmt: skip
         log.info("%s: %s -> %s (%s): %s", self.job, decision.current, decision.desired,
                  decision.reason, decision.message)  # fmt: skip
         if self.spec.mode == "scale" and decision.action in DIRECTIONS:

@@ -220,7 +220,7 @@ class JobRunner:
                 await self.autoscaler.provider.close()
 
     def _fail(self, message: str) -> None:
-        metrics.RECONCILE_ERRORS.labels(self.namespace, self.name).inc()
+        metrics.RECONCILE_ERRORS.labels(streamjob=self.name, namespace=self.namespace).inc()
         if message != self.error:
             log.warning("%s/%s: %s", self.namespace, self.name, message)
             self.post_event("Warning", "ReconcileError", message)
@@ -331,6 +331,7 @@ class JobRunner:
             token=auth.get("token"), username=auth.get("username"),
             password=auth.get("password"),
             verify_tls=not scaler.prometheus.insecure_skip_verify, queries=scaler.queries,
+            namespace=self.namespace,
         )  # fmt: skip
         history = history_from((self.body.get("status") or {}).get("autoscaler"))
 
@@ -340,7 +341,7 @@ class JobRunner:
                 self.post_event(event_kind(decision), "ScalingDecision", message)
 
         return AutoscalerRunner(self.name, spec.key_groups, scaler, provider, history,
-                                on_decision=on_decision)  # fmt: skip
+                                on_decision=on_decision, namespace=self.namespace)  # fmt: skip
 
     def _count_finished(self, record: ControllerRecord) -> None:
         finished = record.history[self._history_seen :] if self._history_seen else record.history
@@ -349,8 +350,9 @@ class JobRunner:
         for r in finished:
             if r.duration_seconds is not None:
                 metrics.RESCALE_DURATION.labels(
-                    self.namespace, self.name, r.reason, r.outcome or "unknown"
-                ).observe(r.duration_seconds)
+                    streamjob=self.name, namespace=self.namespace, reason=r.reason,
+                    outcome=r.outcome or "unknown",
+                ).observe(r.duration_seconds)  # fmt: skip
         self._history_seen = len(record.history)
 
     # -- status -------------------------------------------------------------------------
@@ -390,10 +392,14 @@ class JobRunner:
         self._failed_reported = failed_now
         if self.autoscaler is not None:
             status["autoscaler"] = self.autoscaler.status()
-        metrics.PARALLELISM.labels(self.namespace, self.name).set(status["parallelism"])
-        metrics.DESIRED_PARALLELISM.labels(self.namespace, self.name).set(
-            self.desired().parallelism
-        )
+        named = {"streamjob": self.name, "namespace": self.namespace}
+        metrics.PARALLELISM.labels(**named).set(status["parallelism"])
+        metrics.DESIRED_PARALLELISM.labels(**named).set(self.desired().parallelism)
+        current = controller.executor.record.current
+        metrics.RESCALE_IN_PROGRESS.labels(**named).set(
+            0.0 if current is None or not current.started_at
+            else max(0.0, time.time() - current.started_at)
+        )  # fmt: skip
         if status != self._last_status:
             await self.api.patch_job_status(self.namespace, self.name, status)
             self._last_status = status

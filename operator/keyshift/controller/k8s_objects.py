@@ -229,6 +229,11 @@ def worker_container(raw: Obj, spec: StreamJobSpec, user: Obj | None = None) -> 
             "name": "KEYSHIFT_WORKER_ORDINAL",
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}},
         },
+        # the metrics' `namespace` label (the StreamJob's: the pod's)
+        {
+            "name": "KEYSHIFT_NAMESPACE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        },
         {"name": "KEYSHIFT_HTTP_HOST", "value": "0.0.0.0"},
         {"name": "KEYSHIFT_HTTP_PORT", "value": str(HTTP_PORT)},
     ]

@@ -32,6 +32,7 @@ import psutil
 from keyshift.controller.pool import WorkerInfo
 from keyshift.runtime.api import JOB_PATH_ENV
 from keyshift.runtime.config import OUTPUT_DIR_ENV, worker_name
+from keyshift.runtime.metrics import LOCAL_NAMESPACE, NAMESPACE_ENV
 from keyshift.store.server import free_port
 
 
@@ -139,9 +140,12 @@ class LocalWorkerPool:
         folder or its parent (``examples.counter:job`` next to ``examples/x.yaml``):
         ``KEYSHIFT_JOB_PATH``, searched after the standard library and the installed
         packages, so that a folder of the user's cannot hide one of them. Log sinks write
-        into the job's run directory (``KEYSHIFT_OUTPUT_DIR``), not the current one."""
+        into the job's run directory (``KEYSHIFT_OUTPUT_DIR``), not the current one. The
+        metrics name the namespace ``local`` (``KEYSHIFT_NAMESPACE``), which the local
+        autoscaler's queries select by."""
         return {
             **os.environ,
+            NAMESPACE_ENV: LOCAL_NAMESPACE,
             JOB_PATH_ENV: os.pathsep.join(job_path(self.manifest)),
             OUTPUT_DIR_ENV: str(self.run_dir.resolve()),
             **self.env,

@@ -74,6 +74,7 @@ from keyshift.runtime.config import (
     validate_spec,
     validation_message,
 )
+from keyshift.runtime.metrics import LOCAL_NAMESPACE
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer
 
@@ -425,6 +426,7 @@ class LocalRun:
             provider = PrometheusMetricsProvider(
                 spec.prometheus.url, window_seconds=spec.metrics_window_seconds,
                 verify_tls=not spec.prometheus.insecure_skip_verify, queries=spec.queries,
+                namespace=LOCAL_NAMESPACE,
             )  # fmt: skip
         else:
             provider = DirectScrapeProvider(window_seconds=spec.metrics_window_seconds)

@@ -20,9 +20,9 @@ Rules of ``summarize``:
 
 - A worker's rates come from its oldest and newest usable scrape in the window
   after its last counter reset (a counter that went down, or a changed
-  ``_created`` time, means the worker restarted).  A worker is *reporting* when
-  that span covers the whole window; otherwise it is named in ``missing`` and
-  its rates cover only the part it has.
+  ``keyshift_worker_start_time_seconds``, means the worker restarted).  A worker
+  is *reporting* when that span covers the whole window; otherwise it is named
+  in ``missing`` and its rates cover only the part it has.
 - A worker whose newest scrape failed is left out of ``per_worker`` (its counts
   would be stale) and named in ``missing`` with the error.
 - Arrival rate and lag trend are computed per key group, from whichever workers
@@ -70,7 +70,7 @@ __all__ = [
 
 # Sample names as exposed by prometheus_client (counters carry ``_total``).
 PROCESSED = "keyshift_records_processed_total"
-PROCESSED_CREATED = "keyshift_records_processed_created"
+STARTED = "keyshift_worker_start_time_seconds"
 BUSY = "keyshift_busy_seconds_total"
 CACHE_HITS = "keyshift_state_cache_hits_total"
 CACHE_MISSES = "keyshift_state_cache_misses_total"
@@ -219,7 +219,7 @@ class WorkerSnapshot:
     busy_seconds: float
     cache_hits: float
     cache_misses: float
-    started_at: float | None  # the counters' creation time; changes when the worker restarts
+    started_at: float | None  # the worker's start time; changes when the worker restarts
     generation: int
     key_groups_owned: int
     key_groups: Mapping[int, KeyGroupReading]
@@ -247,7 +247,7 @@ def parse_exposition(text: str) -> WorkerSnapshot:
             name = sample.name
             if name in _WORKER_SERIES:
                 worker_values.setdefault(name, []).append((sample.labels, sample.value))
-            elif name == PROCESSED_CREATED:
+            elif name == STARTED:
                 created.append((sample.labels, sample.value))
             elif name == FAILED_SINCE:
                 failed_since.append((sample.labels, sample.value))
@@ -275,7 +275,7 @@ def parse_exposition(text: str) -> WorkerSnapshot:
             raise MetricsFormatError(f"{name} is {value}")
         values[name] = value
         if name == PROCESSED:
-            identity = (labels.get("job", ""), labels.get("worker", ""))
+            identity = (labels.get("streamjob", ""), labels.get("worker", ""))
     assert identity is not None
     readings: dict[int, KeyGroupReading] = {}
     ends, positions, lags = per_kg[END_OFFSET], per_kg[POSITION], per_kg[LAG]

@@ -34,17 +34,18 @@ partial data is never read as zero.  A value that cannot be measured is
   group: ``deriv`` of the highest source position reported for it, the same way
   (the load a rescale plans its ranges with, with the arrival rate).
 - A query override (``spec.autoscaler.queries``) that returns no series is
-  missing, not zero; ``$job`` and ``$window`` in an override are replaced by
-  the job name and the window as a PromQL duration.  Overrides of
-  ``processedRate`` and ``busyRatio`` must return one series per worker with a
-  ``worker`` label; those of ``arrivalRate`` and ``lag`` are summed.
+  missing, not zero; ``$job`` (the StreamJob's name; its label on keyshift's
+  series is ``streamjob``), ``$namespace`` and ``$window`` in an override are
+  replaced by the job's name, its namespace (``local`` for ``keyshift run``) and
+  the window as a PromQL duration.  Overrides of ``processedRate`` and
+  ``busyRatio`` must return one series per worker with a ``worker`` label; those
+  of ``arrivalRate`` and ``lag`` are summed.
 
-The workers' own ``job`` label must survive the scrape: Prometheus replaces a
-target's ``job`` label with the scrape job's name and keeps the worker's as
-``exported_job`` unless the scrape config has ``honor_labels: true`` (a
-ServiceMonitor/PodMonitor: ``honorLabels: true``).  Without it, use the query
-overrides with ``exported_job``.  The missing-data reason says so when no series
-of the job is found at all.
+The built-in queries select ``{streamjob="<name>", namespace="<namespace>"}``.
+Neither label is one Prometheus sets on a target, except ``namespace`` with
+Kubernetes discovery (a PodMonitor): there it is the pod's namespace, the same
+value, so no scrape config needs ``honor_labels``.  The missing-data reason
+names the selector when no series of the job is found at all.
 """
 
 from __future__ import annotations
@@ -81,12 +82,14 @@ from keyshift.controller.metrics_provider import (
     failed_key_groups,
 )
 from keyshift.runtime.config import AutoscalerSpec, QueriesSpec
+from keyshift.runtime.metrics import LOCAL_NAMESPACE
 
 __all__ = [
     "PrometheusMetricsProvider",
     "Series",
     "coverage_tolerance",
     "describe_query_error",
+    "job_selector",
     "overridden_queries",
     "parse_vector",
     "promql_duration",
@@ -122,7 +125,7 @@ FAILED_AT_OFFSET = "failed_offset"
 #: and still count as covering the window (as ``metrics_provider.WINDOW_SLACK``).
 WINDOW_SLACK = 0.05
 
-_PLACEHOLDER = re.compile(r"\$(job|window)\b")
+_PLACEHOLDER = re.compile(r"\$(job|namespace|window)\b")
 
 
 # -- PromQL (pure) --------------------------------------------------------------------
@@ -154,19 +157,31 @@ def coverage_tolerance(window_seconds: float) -> float:
     return max(subquery_step(window_seconds), WINDOW_SLACK * window_seconds)
 
 
-def expand_override(query: str, job: str, window_seconds: float) -> str:
-    """Replace ``$job`` (the job's name, unquoted) and ``$window`` (a PromQL duration)."""
-    values = {"job": job, "window": promql_duration(window_seconds)}
+def expand_override(
+    query: str, job: str, window_seconds: float, namespace: str = LOCAL_NAMESPACE
+) -> str:
+    """Replace ``$job`` (the job's name, unquoted), ``$namespace`` (its namespace,
+    unquoted) and ``$window`` (a PromQL duration)."""
+    values = {"job": job, "namespace": namespace, "window": promql_duration(window_seconds)}
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], query)
 
 
+def job_selector(job: str, namespace: str = LOCAL_NAMESPACE) -> str:
+    """The label matchers of one StreamJob's series: ``{streamjob="...", namespace="..."}``."""
+    return f"{{streamjob={promql_string(job)}, namespace={promql_string(namespace)}}}"
+
+
 def queries_for(
-    job: str, window_seconds: float, overrides: QueriesSpec | None = None
+    job: str,
+    window_seconds: float,
+    overrides: QueriesSpec | None = None,
+    namespace: str = LOCAL_NAMESPACE,
 ) -> dict[str, str]:
-    """The named PromQL of one collect of ``job`` over a window of ``window_seconds``."""
+    """The named PromQL of one collect of ``job`` (in ``namespace``) over a window of
+    ``window_seconds``."""
     w = promql_duration(window_seconds)
     sub = f"[{w}:{promql_duration(subquery_step(window_seconds))}]"
-    sel = f"{{job={promql_string(job)}}}"
+    sel = job_selector(job, namespace)
     kg_lag = f"max by (key_group) ({LAG}{sel})"
     queries = {
         # per key group: the highest end offset any worker reports (handoffs)
@@ -193,15 +208,21 @@ def queries_for(
     }
     if overrides is not None:
         if overrides.arrival_rate:
-            queries[ARRIVAL_RATE] = expand_override(overrides.arrival_rate, job, window_seconds)
+            queries[ARRIVAL_RATE] = expand_override(
+                overrides.arrival_rate, job, window_seconds, namespace
+            )
         if overrides.lag:
-            lag = expand_override(overrides.lag, job, window_seconds)
+            lag = expand_override(overrides.lag, job, window_seconds, namespace)
             queries[TOTAL_LAG] = lag
             queries[LAG_TREND] = f"deriv((sum({lag})){sub})"
         if overrides.processed_rate:
-            queries[PROCESSED_RATE] = expand_override(overrides.processed_rate, job, window_seconds)
+            queries[PROCESSED_RATE] = expand_override(
+                overrides.processed_rate, job, window_seconds, namespace
+            )
         if overrides.busy_ratio:
-            queries[BUSY_RATIO] = expand_override(overrides.busy_ratio, job, window_seconds)
+            queries[BUSY_RATIO] = expand_override(
+                overrides.busy_ratio, job, window_seconds, namespace
+            )
     return queries
 
 
@@ -303,8 +324,10 @@ def to_load_sample(
     at: float,
     window_seconds: float,
     overridden: frozenset[str] = frozenset(),
+    namespace: str = LOCAL_NAMESPACE,
 ) -> LoadSample:
-    """The ``LoadSample`` of ``job`` from the answers to ``queries_for`` at ``at``."""
+    """The ``LoadSample`` of ``job`` (in ``namespace``) from the answers to
+    ``queries_for`` at ``at``."""
     missing: list[str] = []
 
     failures: dict[str, list[str]] = {}
@@ -418,9 +441,10 @@ def to_load_sample(
         )
     if last_seen is not None and workers and not last_seen:
         missing.append(
-            f"workers: no series {PROCESSED}{{job={promql_string(job)}}} at all; if Prometheus "
-            "keeps the workers' job label as exported_job, set honor_labels: true in the "
-            "scrape config (honorLabels in a ServiceMonitor) or override the queries"
+            f"workers: no series {PROCESSED}{job_selector(job, namespace)} at all: is "
+            "Prometheus scraping the workers (a PodMonitor, or their prometheus.io "
+            "annotations)? If a relabeling renames `streamjob` or `namespace`, override "
+            "the queries"
         )
 
     # -- key groups
@@ -534,7 +558,8 @@ class PrometheusMetricsProvider:
     ``window_seconds`` is the window the rates cover (``metricsWindowSeconds``);
     ``token`` (bearer) or ``username``/``password`` (basic) authenticate;
     ``verify_tls=False`` skips certificate checks (``insecureSkipVerify``);
-    ``queries`` are the PromQL overrides.  ``PrometheusConnect`` is synchronous:
+    ``queries`` are the PromQL overrides; ``namespace`` is the StreamJob's (its
+    series' ``namespace`` label).  ``PrometheusConnect`` is synchronous:
     each query runs in a thread, all of one collect concurrently, each bounded
     by ``timeout`` (one immediate retry on a connection error or a 502/503/504).
     """
@@ -551,6 +576,7 @@ class PrometheusMetricsProvider:
         queries: QueriesSpec | None = None,
         timeout: float = 5.0,
         clock: Callable[[], float] = time.time,
+        namespace: str = LOCAL_NAMESPACE,
     ) -> None:
         if window_seconds <= 0 or timeout <= 0:
             raise ValueError("window_seconds and timeout must be positive")
@@ -563,6 +589,7 @@ class PrometheusMetricsProvider:
         self.window_seconds = window_seconds
         self.timeout = timeout
         self.queries = queries
+        self.namespace = namespace
         self._clock = clock
         # The library annotates ``auth: tuple = None`` and ``timeout: int``; requests
         # takes None and floats.
@@ -585,6 +612,7 @@ class PrometheusMetricsProvider:
         *,
         default_url: str | None = None,
         credentials: Mapping[str, str] | None = None,
+        namespace: str = LOCAL_NAMESPACE,
     ) -> PrometheusMetricsProvider:
         """The provider a StreamJob's ``spec.autoscaler`` asks for; ``credentials`` are
         the keys of its ``prometheus.secretRef`` Secret (``token``, or ``username`` and
@@ -601,6 +629,7 @@ class PrometheusMetricsProvider:
             password=creds.get("password"),
             verify_tls=not spec.prometheus.insecure_skip_verify,
             queries=spec.queries,
+            namespace=namespace,
         )
 
     async def collect(self, job: str, workers: Sequence[WorkerTarget]) -> LoadSample:
@@ -608,7 +637,7 @@ class PrometheusMetricsProvider:
         if prom is None:
             raise RuntimeError("the provider is closed")
         at = self._clock()
-        queries = queries_for(job, self.window_seconds, self.queries)
+        queries = queries_for(job, self.window_seconds, self.queries, self.namespace)
         answers = await asyncio.gather(
             *(asyncio.to_thread(self._query, prom, q, at) for q in queries.values())
         )
@@ -619,6 +648,7 @@ class PrometheusMetricsProvider:
             at=at,
             window_seconds=self.window_seconds,
             overridden=overridden_queries(self.queries),
+            namespace=self.namespace,
         )
 
     def _query(self, prom: PrometheusConnect, query: str, at: float) -> Answer:

@@ -430,7 +430,9 @@ class PrometheusSpec(Model):
 
 class QueriesSpec(Model):
     """PromQL overrides for the autoscaler's inputs; omitted: the built-in queries over
-    keyshift's worker metrics."""
+    keyshift's worker metrics.  ``$job``, ``$namespace`` and ``$window`` are replaced by
+    the StreamJob's name and namespace (``local`` for ``keyshift run``) and the window;
+    keyshift's series carry them as the labels ``streamjob`` and ``namespace``."""
 
     arrival_rate: str | None = None
     """Records per second arriving at the job's input, over all key groups."""

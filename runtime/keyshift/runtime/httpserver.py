@@ -50,6 +50,8 @@ def make_handler(worker: Worker) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 worker.metrics.cache_counts(worker.cache.hits, worker.cache.misses)
+                worker.metrics.cache_size(worker.cache.total_bytes, worker.cache.max_bytes)
+                worker.metrics.store_connected.set(1 if worker.connected else 0)
                 worker.sync_failure_metrics()
                 self._send(200, worker.metrics.exposition(), CONTENT_TYPE_LATEST)
             elif self.path == "/healthz":

@@ -1,18 +1,55 @@
 """The worker's Prometheus metrics (names and labels as in docs/design.md, "Metrics").
 
 Each worker has its own registry, so several workers can live in one process
-(tests, benchmarks).  Labels: ``job``, ``worker``; per key group metrics add
-``key_group``.
+(tests, benchmarks).  Labels: ``streamjob`` (the StreamJob's name), ``namespace``
+(its namespace: ``KEYSHIFT_NAMESPACE``, which the operator sets from the pod
+through the downward API; ``local`` for a ``keyshift run``), ``worker``; per key
+group metrics add ``key_group``.  Not ``job``: Prometheus keeps that name for the
+scrape job and would rename the worker's own to ``exported_job``.
+
+No ``_created`` series (``disable_created_metrics``): a restart shows in
+``keyshift_worker_start_time_seconds``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+#: The ``namespace`` label of a worker that runs outside Kubernetes (``keyshift run``).
+LOCAL_NAMESPACE = "local"
+#: The environment variable the operator sets to the pod's namespace.
+NAMESPACE_ENV = "KEYSHIFT_NAMESPACE"
+
+
+def keyshift_version() -> str:
+    """The installed keyshift's version (``unknown`` when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("keyshift")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def worker_namespace() -> str:
+    """The namespace this worker's metrics name: ``$KEYSHIFT_NAMESPACE``, else ``local``."""
+    return os.environ.get(NAMESPACE_ENV) or LOCAL_NAMESPACE
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,12 +65,41 @@ class FailureMark:
 
 
 class WorkerMetrics:
-    def __init__(self, job: str, worker: str) -> None:
+    def __init__(self, job: str, worker: str, namespace: str | None = None) -> None:
         self.registry = CollectorRegistry()
-        labels = ["job", "worker"]
+        labels = ["streamjob", "namespace", "worker"]
         kg_labels = [*labels, "key_group"]
-        self.labels = {"job": job, "worker": worker}
+        self.labels = {
+            "streamjob": job,
+            "namespace": worker_namespace() if namespace is None else namespace,
+            "worker": worker,
+        }
         r = self.registry
+        Gauge(
+            "keyshift_build_info", "The keyshift version this worker runs (always 1)",
+            ["version"], registry=r,
+        ).labels(keyshift_version()).set(1)  # fmt: skip
+        self.start_time = Gauge(
+            "keyshift_worker_start_time_seconds",
+            "Unix time this worker's metrics started (changes when the worker restarts)",
+            labels,
+            registry=r,
+        ).labels(**self.labels)
+        self.start_time.set(time.time())
+        self.store_connected = Gauge(
+            "keyshift_store_connected",
+            "1 while the worker's heartbeat reaches the state store, 0 while it does not",
+            labels,
+            registry=r,
+        ).labels(**self.labels)
+        self.cache_bytes = Gauge(
+            "keyshift_state_cache_bytes", "Bytes of state the worker's cache holds", labels,
+            registry=r,
+        ).labels(**self.labels)  # fmt: skip
+        self.cache_max_bytes = Gauge(
+            "keyshift_state_cache_max_bytes", "The worker's state cache limit in bytes", labels,
+            registry=r,
+        ).labels(**self.labels)  # fmt: skip
         self.records_processed = Counter(
             "keyshift_records_processed", "Records processed", labels, registry=r
         ).labels(**self.labels)
@@ -173,7 +239,7 @@ class WorkerMetrics:
         kg = str(key_group)
         for gauge in (self._end_offset, self._position, self._lag):
             with contextlib.suppress(KeyError):
-                gauge.remove(self.labels["job"], self.labels["worker"], kg)
+                gauge.remove(*self.labels.values(), kg)
 
     def cache_counts(self, hits: int, misses: int) -> None:
         """Bring the cache counters up to the cache's own running totals.
@@ -185,6 +251,11 @@ class WorkerMetrics:
             self.cache_misses.inc(max(0, misses - self._last_misses))
             self._last_hits = max(self._last_hits, hits)
             self._last_misses = max(self._last_misses, misses)
+
+    def cache_size(self, used: int, limit: int) -> None:
+        """The cache's bytes held and its limit (``StateCache.total_bytes``, ``max_bytes``)."""
+        self.cache_bytes.set(used)
+        self.cache_max_bytes.set(limit)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

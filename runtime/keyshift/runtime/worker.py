@@ -99,6 +99,7 @@ class Worker:
         self.source: Source | None = None
         self.metrics = metrics or WorkerMetrics(self.job_name, self.name)
         self.cache = StateCache(settings.spec.state_store.cache_bytes)
+        self.metrics.cache_size(0, self.cache.max_bytes)
         self.assignment_poll_seconds = assignment_poll_seconds
         self.claim_poll_seconds = claim_poll_seconds
         self._claim_wakes: dict[int, tuple[asyncio.Event, list[str]]] = {}
