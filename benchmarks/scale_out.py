@@ -101,7 +101,7 @@ def summary(record: dict[str, Any], rss: list[float]) -> dict[str, Any]:
         "from": record["from_parallelism"],
         "to": record["to_parallelism"],
         "outcome": record["outcome"],
-        "wall_seconds": record["duration_seconds"],
+        "wall_seconds": round(record["finished_at"] - record["started_at"], 3),
         "phases": {s["phase"]: s["seconds"] for s in record["steps"]},
         "moved_key_groups": record["moved_key_groups"],
         "max_pause_seconds": record["max_pause_seconds"],
