@@ -508,7 +508,9 @@ class Worker:
                 delay = self.claim_poll_seconds
                 try:
                     info = await self.store.key_group_info(self.job_name, kg)
-                    if via in ("found", "polled"):  # it knows when the store's answer comes
+                    if via in ("found", "polled", "subscribed"):
+                        # it learns from the store's answer (a wake on subscribing is only a
+                        # prompt to look: the release may come after it)
                         learned = time.time()
                     if may_claim(store_owner=info.owner, me=self.name, forced=forced):
                         if forced:
