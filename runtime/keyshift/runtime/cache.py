@@ -148,9 +148,9 @@ class StateCache:
             if old is _MISSING:
                 index.add(slot)
             else:
-                added -= ENTRY_OVERHEAD + len(key) + len(old or b"")
+                added -= entry_size(key, old)
             entries[slot] = value
-            added += ENTRY_OVERHEAD + len(key) + len(value or b"")
+            added += entry_size(key, value)
         self.clean_bytes += added
         self.evict(protect=protect)
 
@@ -167,7 +167,7 @@ class StateCache:
             if kg_dirty is not None and slot in kg_dirty:
                 entries[slot] = value
                 continue
-            self.clean_bytes -= ENTRY_OVERHEAD + len(slot[2]) + len(value or b"")
+            self.clean_bytes -= entry_size(slot[2], value)
             self._unindex(slot)
             self.evictions += 1
 
@@ -178,7 +178,8 @@ class StateCache:
         self.put_key(key_group, key, {state: value})
 
     def put_key(self, key_group: int, key: bytes, values: Mapping[str, bytes | None]) -> None:
-        """:meth:`put` of one key's values of several states (the end of a batch)."""
+        """:meth:`put` of one key's values of several states (the end of a batch; the hot
+        path: :func:`entry_size` inlined)."""
         entries = self._entries
         dirty = self._dirty.get(key_group)
         if dirty is None:
@@ -245,7 +246,7 @@ class StateCache:
         for slot in self._by_kg.pop(key_group, ()):
             value = entries.pop(slot)
             if slot not in dirty:
-                self.clean_bytes -= ENTRY_OVERHEAD + len(slot[2]) + len(value or b"")
+                self.clean_bytes -= entry_size(slot[2], value)
 
     # -- the per-key-group index ----------------------------------------------------
 

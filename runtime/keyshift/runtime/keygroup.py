@@ -97,9 +97,6 @@ class RuntimeDeps:
     idle_timeout: float = 10.0
 
 
-_UNSET: Any = object()
-
-
 class _NotLoaded(BaseException):
     """A declared state of the current key was evicted before use: reload, retry the record.
 
