@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from keyshift.runtime.store import MemoryStore
 from keyshift.store import RedisStateStore, open_store
 from keyshift.store.server import LocalCluster, LocalServer
 from tests.controller.localjob import LocalJob
@@ -94,6 +95,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     setattr(item, f"report_{report.when}", report)
     return report
+
+
+@pytest.fixture(params=["standalone", "cluster", "memory"])
+async def worker_store(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    """Each backend of the worker's store in turn: Valkey/Redis standalone, Redis Cluster
+    and the in-process MemoryStore."""
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    server = request.getfixturevalue(
+        "standalone_server" if request.param == "standalone" else "cluster_servers"
+    )
+    s = open_store(server.url, retry_seconds=10)
+    yield s
+    await s.close()
 
 
 @pytest.fixture

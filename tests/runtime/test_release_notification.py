@@ -16,30 +16,15 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
-import pytest
-
 from examples.counter import job as counter_job
 from keyshift.runtime.config import StreamJob, settings_from
 from keyshift.runtime.store import MemoryStore
 from keyshift.runtime.worker import Worker
-from keyshift.store import Assignment, Claim, keys, open_store
+from keyshift.store import Assignment, Claim, keys
 from tests.support import wait_for
 
 KEY_GROUPS = 2
 HOUR = 3600.0
-
-
-@pytest.fixture(params=["standalone", "cluster", "memory"])
-async def worker_store(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    server = request.getfixturevalue(
-        "standalone_server" if request.param == "standalone" else "cluster_servers"
-    )
-    s = open_store(server.url, retry_seconds=10)
-    yield s
-    await s.close()
 
 
 def manifest(job: str) -> StreamJob:

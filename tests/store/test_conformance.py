@@ -8,13 +8,11 @@ uses in a handoff also against the in-process ``MemoryStore`` (``worker_store``)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from keyshift.runtime.store import MemoryStore
 from keyshift.store import (
     Assignment,
     Fenced,
@@ -25,7 +23,6 @@ from keyshift.store import (
     Timer,
     TimerChanges,
     keys,
-    open_store,
 )
 from keyshift.store.savepoint import export_job, import_job
 
@@ -492,21 +489,6 @@ async def test_release_reports_the_stored_sequence(store: RedisStateStore, job: 
 
 
 # -- release notifications and handoff marks: both backends of the worker's store ----------
-
-
-@pytest.fixture(params=["standalone", "cluster", "memory"])
-async def worker_store(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    """Each backend of the worker's store in turn: Valkey/Redis standalone, Redis Cluster
-    and the in-process MemoryStore."""
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    server = request.getfixturevalue(
-        "standalone_server" if request.param == "standalone" else "cluster_servers"
-    )
-    s = open_store(server.url, retry_seconds=10)
-    yield s
-    await s.close()
 
 
 async def test_a_release_notifies_its_watchers_at_once(worker_store: Any, job: str) -> None:
