@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from keyshift.runtime.api import Context, Job, ValueState
+from keyshift.runtime.api import Context, Job, MapState, ValueState
 from keyshift.runtime.sources.generator import Event
 
 VALUE_BYTES = 100
@@ -48,3 +48,39 @@ busy_rescale_job: Job[Event] = Job(
     name="rescale-bench-busy", process=busy_process, key_by=lambda e: e.key, states=[blob]
 )
 """The loaded case: ``rescale_job`` with a busy counter's CPU cost per record."""
+
+
+# -- per-entry maps versus a map as one value ----------------------------------------------
+
+entries_map = MapState("entries", int, int)
+"""A map stored per entry: each record reads and updates one entry."""
+whole_map = ValueState("whole", dict[int, int], default=None)
+"""The same map as one value (the layout of MapState before it was stored per entry):
+each record decodes, updates and encodes the key's whole map."""
+
+
+def map_key(event: Event) -> int:
+    """The map key a record touches: its value, drawn uniformly from ``[1, maxValue]``."""
+    return event.value
+
+
+def per_entry_process(event: Event, ctx: Context) -> None:
+    m = ctx.state(entries_map)
+    k = map_key(event)
+    m.put(k, (m.get(k) or 0) + 1)
+
+
+def one_value_process(event: Event, ctx: Context) -> None:
+    state = ctx.state(whole_map)
+    m = state.value() or {}
+    k = map_key(event)
+    m[k] = m.get(k, 0) + 1
+    state.update(m)
+
+
+per_entry_job: Job[Event] = Job(
+    name="map-per-entry", process=per_entry_process, key_by=lambda e: e.key, states=[entries_map]
+)
+one_value_job: Job[Event] = Job(
+    name="map-one-value", process=one_value_process, key_by=lambda e: e.key, states=[whole_map]
+)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from keyshift.runtime.api import Context, Job, ValueState
+from keyshift.runtime.api import Context, Job, ListState, MapState, ValueState
 from keyshift.runtime.sources.generator import Event
 
 count = ValueState("count", int, default=0)
@@ -18,3 +18,40 @@ def process(event: Event, ctx: Context) -> None:
 
 
 flaky: Job[Event] = Job(name="flaky", process=process, key_by=lambda e: e.key, states=[count])
+
+
+# -- collections stored per entry -------------------------------------------------------
+
+SLOTS = 40
+"""Map keys per record key in ``visits``: ``event.value % SLOTS``."""
+totals = MapState("visits", int, int)
+recent = ListState("recent", int)
+
+
+def visit(event: Event, ctx: Context) -> None:
+    """Counts per ``value % SLOTS`` in a map, the values in a list; every 25th value of a
+    key emits the map's total (an iteration) and the list's length."""
+    visits = ctx.state(totals)
+    slot = event.value % SLOTS
+    visits.put(slot, (visits.get(slot) or 0) + 1)
+    values = ctx.state(recent)
+    values.append(event.value)
+    if event.value % 25 == 0:
+        ctx.emit({"key": event.key, "total": sum(n for _, n in visits.items()), "n": len(values)})
+
+
+visits: Job[Event] = Job(
+    name="visits", process=visit, key_by=lambda e: e.key, states=[totals, recent]
+)
+
+
+def iterate_all(event: Event, ctx: Context) -> None:
+    """Puts a value, then iterates the whole map (to meet a map too large to iterate)."""
+    m = ctx.state(totals)
+    m.put(event.value, 1)
+    ctx.emit(len(m))
+
+
+iterating: Job[Event] = Job(
+    name="iterating", process=iterate_all, key_by=lambda e: e.key, states=[totals]
+)

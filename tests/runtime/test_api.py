@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import msgspec
 import pytest
 
@@ -25,6 +27,9 @@ class DictAccess(BytesAccess):
 
     def write(self, state: str, value: bytes | None) -> None:
         self.data[state] = value
+
+    def names(self) -> Iterable[str]:
+        return self.data
 
 
 class Point(msgspec.Struct):

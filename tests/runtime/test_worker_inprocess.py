@@ -414,8 +414,9 @@ async def test_a_corrupt_window_state_stops_the_key_group_when_its_timer_fires(
     before = await store.key_group_info("inproc", 0)
     assert before.timers > 1, "no open windows"
     snapshot = store.snapshot("inproc", 0)
-    corrupt_key = sorted(snapshot.states["windows"])[0]
-    snapshot.states["windows"][corrupt_key] = b"\xc1"
+    corrupt_field = sorted(snapshot.states["windows"])[0]  # <key><window start>, per entry
+    snapshot.states["windows"][corrupt_field] = b"\xc1"
+    corrupt_key = corrupt_field[: 1 + (corrupt_field[0] & 0x1F)]  # the key: a msgpack fixstr
     store.restore("inproc", 0, snapshot)
 
     ended = manifest(k, max(await positions(store, k)), errorPolicy="skip")

@@ -543,3 +543,78 @@ async def test_handoff_marks_are_kept_per_release_and_per_claim(
     await worker_store.claim(job, 2, "forcer", generation=3)
     info = await worker_store.key_group_info(job, 2)
     assert (info.claim_marks, info.claim_via, info.release_marks) == ({}, "", marks)
+
+
+# -- entry states: a map's or a list's entries, read by key as a range ---------------------
+
+
+async def test_entries_of_one_key_are_read_in_byte_order_page_by_page(
+    worker_store: Any, job: str
+) -> None:
+    """An entry state's fields are ``<key><entry key>``: ``entries`` reads one key's, in
+    byte order, a page at a time, and never another key's (even one whose bytes start
+    with the same byte, nor a key ending in 0xff)."""
+    c = await worker_store.claim(job, 1, "w")
+    a, b, ff = b"\xa1a", b"\xa1b", b"\xff"  # msgpack "a", "b" and -1
+    puts = {a + bytes([n]): b"v%d" % n for n in range(25)}
+    puts |= {b + b"\x00": b"other", ff + b"\x01": b"last", a: b"head"}
+    await worker_store.commit(
+        job, 1, epoch=c.epoch, token=c.token, seq=c.seq, position=1,
+        puts={"m": puts}, entry_states={"m"},
+    )  # fmt: skip
+    pages = []
+    after = None
+    while True:
+        page = await worker_store.entries(job, 1, "m", a, after=after, count=10)
+        pages.append(page)
+        if len(page) < 10:
+            break
+        after = page[-1][0]
+    got = [item for page in pages for item in page]
+    assert [len(p) for p in pages] == [10, 10, 5]
+    assert got == [(a + bytes([n]), b"v%d" % n) for n in range(25)]  # the head ``a`` excluded
+    assert await worker_store.entries(job, 1, "m", ff) == [(ff + b"\x01", b"last")]
+    # deletes leave the range too
+    await worker_store.commit(
+        job, 1, epoch=c.epoch, token=c.token, seq=c.seq + 1, position=2,
+        deletes={"m": [a + bytes([n]) for n in range(1, 25)]}, entry_states={"m"},
+    )  # fmt: skip
+    assert await worker_store.entries(job, 1, "m", a) == [(a + b"\x00", b"v0")]
+
+
+async def test_a_claim_says_which_states_are_stored_and_in_which_layout(
+    worker_store: Any, job: str
+) -> None:
+    c = await worker_store.claim(job, 0, "w")
+    assert (c.states, c.entry_states) == (frozenset(), frozenset())
+    await worker_store.commit(
+        job, 0, epoch=c.epoch, token=c.token, seq=c.seq, position=1,
+        puts={"count": {b"k": b"1"}, "m": {b"k\x01": b"x"}}, entry_states={"m"},
+    )  # fmt: skip
+    again = await worker_store.claim(job, 0, "w2")
+    assert again.states == {"count", "m"}
+    assert again.entry_states == {"m"}
+
+
+async def test_entry_states_survive_export_and_import(
+    store: RedisStateStore, job: str, tmp_path: Path
+) -> None:
+    c = await store.claim(job, 0, "w")
+    await store.init_job(job, 1)
+    entries = {b"\xa1k" + n.to_bytes(2, "big"): b"%d" % n for n in range(1500)}
+    await store.commit(
+        job, 0, epoch=c.epoch, token=c.token, seq=c.seq, position=7,
+        puts={"m": entries}, entry_states={"m"},
+    )  # fmt: skip
+    path = tmp_path / "sp.ks"
+    await export_job(store, job, path)
+    await store.delete_job(job)
+    await import_job(store, job, path)
+    assert (await store.dump_key_group(job, 0)).entry_states == {"m"}
+    read = []
+    after = None
+    while page := await store.entries(job, 0, "m", b"\xa1k", after=after):
+        read += page
+        after = page[-1][0]
+    assert dict(read) == entries
+    assert (await store.claim(job, 0, "w2")).entry_states == {"m"}

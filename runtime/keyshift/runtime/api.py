@@ -24,9 +24,9 @@ over a list of records with timers and watermarks: :mod:`keyshift.runtime.testin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -64,6 +64,12 @@ class CorruptState(BaseException):
         super().__init__(f"state {state!r}: {type(error).__name__}: {error}")
 
 
+class StateTooLarge(Exception):
+    """A map too large to iterate in the worker's state cache: its ``get``, ``put`` and
+    ``remove`` work at any size, ``items``/``keys``/``len`` need it cached whole.  A
+    user-function error (``errorPolicy`` applies)."""
+
+
 def _decode(state: str, decoder: msgspec.msgpack.Decoder[Any], raw: bytes) -> Any:
     try:
         return decoder.decode(raw)
@@ -77,7 +83,13 @@ to several reads (of one batch) instead of decoding each time."""
 
 
 class StateAccess(Protocol):
-    """What a state handle needs from the runtime: reads and writes of the current key."""
+    """What a state handle needs from the runtime: reads and writes of the current key.
+
+    A :class:`ValueState` is one stored value per key (``read``/``write``).  The
+    collections (:class:`MapState`, :class:`ListState`) are stored per *entry*: the entry
+    of the current key with entry key ``entry`` (msgpack bytes) is stored on its own, so
+    that reading or writing one costs the same whatever the collection's size.
+    """
 
     def read(self, state: str) -> bytes | None: ...
     def write(self, state: str, value: bytes | None) -> None: ...
@@ -91,6 +103,23 @@ class StateAccess(Protocol):
         reads may return ``value`` itself instead of decoding ``raw`` (it is immutable and
         of the type decoding gives)."""
         ...
+
+    def read_entries(self, state: str, entries: Sequence[bytes]) -> list[bytes | None]:
+        """The stored values of the current key's ``entries`` (``None``: absent)."""
+        ...
+
+    def write_entry(self, state: str, entry: bytes, value: bytes | None) -> None:
+        """Write (``None``: delete) one entry of the current key."""
+        ...
+
+    def entry_keys(self, state: str) -> list[bytes]:
+        """The entry keys the current key has in ``state``, in byte order."""
+        ...
+
+
+ENTRY_SEPARATOR = "\x00"
+""":class:`BytesAccess` keeps entry ``e`` of state ``s`` as the value named
+``s + ENTRY_SEPARATOR + e.hex()`` (state names cannot hold the separator)."""
 
 
 class BytesAccess:
@@ -110,6 +139,21 @@ class BytesAccess:
 
     def write_value(self, state: str, raw: bytes | None, value: Any, shareable: bool) -> None:
         self.write(state, raw)
+
+    def names(self) -> Iterable[str]:
+        """The names of the current key's values (written or stored)."""
+        raise NotImplementedError
+
+    def read_entries(self, state: str, entries: Sequence[bytes]) -> list[bytes | None]:
+        return [self.read(state + ENTRY_SEPARATOR + e.hex()) for e in entries]
+
+    def write_entry(self, state: str, entry: bytes, value: bytes | None) -> None:
+        self.write(state + ENTRY_SEPARATOR + entry.hex(), value)
+
+    def entry_keys(self, state: str) -> list[bytes]:
+        prefix = state + ENTRY_SEPARATOR
+        found = [n for n in self.names() if n.startswith(prefix) and self.read(n) is not None]
+        return sorted(bytes.fromhex(n[len(prefix) :]) for n in found)
 
 
 class StateSpec(Protocol[H]):
@@ -146,19 +190,25 @@ class ValueState(Generic[V]):
 class MapState(Generic[MK, V]):
     """A map per key: ``get``/``put``/``remove``/``items``.
 
-    A key's whole map is one stored value, so keep per-key maps moderate
-    (thousands of entries, not millions).
+    Stored per entry: ``get``, ``put`` and ``remove`` cost the same whatever the map's
+    size (a million entries per key is fine).  Iterating (``items``, ``keys``, ``len``)
+    reads the whole map, in the byte order of the encoded map keys (not insertion
+    order); it needs the map to fit in the worker's state cache.
     """
 
     name: str
     key_type: type[MK]
     value_type: type[V]
-    _decoder: msgspec.msgpack.Decoder[Any] = field(init=False, repr=False)
+    _key_decoder: msgspec.msgpack.Decoder[Any] = field(init=False, repr=False)
+    _value_decoder: msgspec.msgpack.Decoder[Any] = field(init=False, repr=False)
+
+    entries: ClassVar[bool] = True
+    """Stored per entry (:meth:`StateAccess.read_entries`)."""
 
     def __post_init__(self) -> None:
         check_state_name(self.name)
-        decoded: Any = dict[self.key_type, self.value_type]  # type: ignore[name-defined]
-        object.__setattr__(self, "_decoder", msgspec.msgpack.Decoder(decoded))
+        object.__setattr__(self, "_key_decoder", msgspec.msgpack.Decoder(self.key_type))
+        object.__setattr__(self, "_value_decoder", msgspec.msgpack.Decoder(self.value_type))
 
     def bind(self, access: StateAccess) -> MapHandle[MK, V]:
         return MapHandle(self, access)
@@ -166,19 +216,31 @@ class MapState(Generic[MK, V]):
 
 @dataclass(frozen=True, eq=False)
 class ListState(Generic[V]):
-    """An append-only list per key: ``append``/iterate/``clear``."""
+    """An append-only list per key: ``append``/iterate/``clear``.
+
+    Stored per element, with the length on its own: ``append`` costs the same whatever
+    the list's length; iterating reads the whole list.
+    """
 
     name: str
     element_type: type[V]
     _decoder: msgspec.msgpack.Decoder[Any] = field(init=False, repr=False)
 
+    entries: ClassVar[bool] = True
+
     def __post_init__(self) -> None:
         check_state_name(self.name)
-        decoded: Any = list[self.element_type]  # type: ignore[name-defined]
-        object.__setattr__(self, "_decoder", msgspec.msgpack.Decoder(decoded))
+        object.__setattr__(self, "_decoder", msgspec.msgpack.Decoder(self.element_type))
 
     def bind(self, access: StateAccess) -> ListHandle[V]:
         return ListHandle(self, access)
+
+    def _length(self, raw: bytes) -> int:
+        length: int = _decode(self.name, _length_decoder, raw)
+        return length
+
+
+_length_decoder = msgspec.msgpack.Decoder(int)
 
 
 class ValueHandle(Generic[V]):
@@ -210,81 +272,102 @@ class MapHandle(Generic[MK, V]):
         self._spec = spec
         self._access = access
 
-    def _load(self) -> dict[MK, V]:
-        raw = self._access.read(self._spec.name)
-        if raw is None:
-            return {}
-        result: dict[MK, V] = _decode(self._spec.name, self._spec._decoder, raw)
+    def _value(self, raw: bytes) -> V:
+        result: V = _decode(self._spec.name, self._spec._value_decoder, raw)
         return result
 
-    def _store(self, mapping: dict[MK, V]) -> None:
-        self._access.write(self._spec.name, _encoder.encode(mapping) if mapping else None)
-
     def get(self, key: MK, default: V | None = None) -> V | None:
-        return self._load().get(key, default)
+        raw = self._access.read_entries(self._spec.name, [_encoder.encode(key)])[0]
+        return default if raw is None else self._value(raw)
 
     def __contains__(self, key: MK) -> bool:
-        return key in self._load()
+        return self._access.read_entries(self._spec.name, [_encoder.encode(key)])[0] is not None
 
     def put(self, key: MK, value: V) -> None:
-        mapping = self._load()
-        mapping[key] = value
-        self._store(mapping)
+        self._access.write_entry(self._spec.name, _encoder.encode(key), _encoder.encode(value))
 
     def remove(self, key: MK) -> None:
-        mapping = self._load()
-        if key in mapping:
-            del mapping[key]
-            self._store(mapping)
+        self._access.write_entry(self._spec.name, _encoder.encode(key), None)
 
     def items(self) -> Iterator[tuple[MK, V]]:
-        return iter(list(self._load().items()))
+        """The entries as they are now (later writes do not change the iteration),
+        decoded one by one as the iteration goes."""
+        spec = self._spec
+        entries = self._access.entry_keys(spec.name)
+        values = self._access.read_entries(spec.name, entries)
+        return (
+            (_decode(spec.name, spec._key_decoder, k), self._value(v))
+            for k, v in zip(entries, values, strict=True)
+            if v is not None
+        )
 
     def keys(self) -> Iterator[MK]:
-        return iter(list(self._load()))
+        spec = self._spec
+        entries = self._access.entry_keys(spec.name)
+        return (_decode(spec.name, spec._key_decoder, k) for k in entries)
 
     def __iter__(self) -> Iterator[MK]:
         return self.keys()
 
     def __len__(self) -> int:
-        return len(self._load())
+        return len(self._access.entry_keys(self._spec.name))
 
     def clear(self) -> None:
-        self._access.write(self._spec.name, None)
+        name = self._spec.name
+        for entry in self._access.entry_keys(name):
+            self._access.write_entry(name, entry, None)
 
 
 class ListHandle(Generic[V]):
+    """Element ``i`` of the current key's list is entry ``i``; the length is the key's
+    own value (a ``ValueState`` of the same name, in effect)."""
+
     __slots__ = ("_access", "_spec")
 
     def __init__(self, spec: ListState[V], access: StateAccess) -> None:
         self._spec = spec
         self._access = access
 
+    def __len__(self) -> int:
+        spec = self._spec
+        length: int = self._access.read_value(spec.name, spec._length, 0)
+        return length
+
+    def _raw(self) -> list[bytes | None]:
+        count = len(self)
+        return self._access.read_entries(
+            self._spec.name, [_encoder.encode(i) for i in range(count)]
+        )
+
     def get(self) -> list[V]:
-        raw = self._access.read(self._spec.name)
-        if raw is None:
-            return []
-        result: list[V] = _decode(self._spec.name, self._spec._decoder, raw)
-        return result
-
-    def append(self, value: V) -> None:
-        items = self.get()
-        items.append(value)
-        self._access.write(self._spec.name, _encoder.encode(items))
-
-    def extend(self, values: Sequence[V]) -> None:
-        items = self.get()
-        items.extend(values)
-        self._access.write(self._spec.name, _encoder.encode(items))
+        return list(self)
 
     def __iter__(self) -> Iterator[V]:
-        return iter(self.get())
+        """The elements as they are now, decoded one by one as the iteration goes."""
+        spec = self._spec
+        raws = self._raw()
+        if None in raws:
+            raise CorruptState(spec.name, b"", ValueError("the list lacks an element"))
+        return (_decode(spec.name, spec._decoder, raw) for raw in raws)  # type: ignore[arg-type]
 
-    def __len__(self) -> int:
-        return len(self.get())
+    def append(self, value: V) -> None:
+        self.extend((value,))
+
+    def extend(self, values: Iterable[V]) -> None:
+        name = self._spec.name
+        count = start = len(self)
+        access = self._access
+        for value in values:
+            access.write_entry(name, _encoder.encode(count), _encoder.encode(value))
+            count += 1
+        if count != start:
+            access.write_value(name, _encoder.encode(count), count, True)
 
     def clear(self) -> None:
-        self._access.write(self._spec.name, None)
+        name = self._spec.name
+        for i in range(len(self)):
+            self._access.write_entry(name, _encoder.encode(i), None)
+        self._access.write_value(name, None, 0, True)
 
 
 class Context(Protocol):
@@ -346,6 +429,11 @@ class Job(Generic[R]):
     @property
     def state_names(self) -> list[str]:
         return [s.name for s in self.states]
+
+    @property
+    def entry_states(self) -> frozenset[str]:
+        """The states stored per entry (maps and lists)."""
+        return frozenset(s.name for s in self.states if getattr(s, "entries", False))
 
 
 class JobLoadError(Exception):

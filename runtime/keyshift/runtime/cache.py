@@ -13,6 +13,12 @@ The cache never loads anything itself: the runtime asks which keys are
 them in.  Eviction runs after a fill (sparing the entries the current batch
 just touched: they are the most recently used) and after a write.
 
+Collections (maps, lists) are cached per entry like values: the slot of
+entry ``e`` of key ``k`` is ``(key_group, state, k + e)``.  To iterate a map
+the runtime also caches its *listing*, the entry keys the key has (the store's
+plus the uncommitted writes), under ``(key_group, LISTING + state, k)``: derived,
+never dirty, kept up to date by :meth:`listing_write`, evicted like an entry.
+
 The bound: ``total_bytes <= max_bytes`` after every operation, except that
 dirty entries are never evicted (if they alone pass the bound, no clean entry
 remains) and that a fill keeps the ``protect`` most recent entries it was told
@@ -32,11 +38,57 @@ ENTRY_OVERHEAD = 240
 nodes, the per-key-group index slot, the bytes headers (measured with tracemalloc on
 CPython 3.11: ~230)."""
 
+LISTING_KEY_OVERHEAD = 72
+"""Bytes charged per entry key of a listing on top of its length (the bytes header and
+the set's slot)."""
+
+LISTING = "#"
+"""Prefix of a listing's state name in its slot (state names cannot hold it)."""
+
 Slot = tuple[int, str, bytes]
 
 
-def entry_size(key: bytes, value: bytes | None) -> int:
-    return ENTRY_OVERHEAD + len(key) + (0 if value is None else len(value))
+class Listing:
+    """The entry keys one key has in one collection state, as this worker knows them."""
+
+    __slots__ = ("_sorted", "keys", "nbytes")
+
+    def __init__(self, keys: set[bytes]) -> None:
+        self.keys = keys
+        self.nbytes = sum(len(k) for k in keys) + LISTING_KEY_OVERHEAD * len(keys)
+        self._sorted: list[bytes] | None = None
+
+    def sorted(self) -> list[bytes]:
+        """The keys in byte order (kept until the listing changes; do not modify it)."""
+        if self._sorted is None:
+            self._sorted = sorted(self.keys)
+        return self._sorted
+
+    def change(self, entry: bytes, present: bool) -> int:
+        """Add or remove ``entry``; the change in :attr:`nbytes`."""
+        keys = self.keys
+        if present == (entry in keys):
+            return 0
+        self._sorted = None
+        size = len(entry) + LISTING_KEY_OVERHEAD
+        if present:
+            keys.add(entry)
+        else:
+            keys.discard(entry)
+            size = -size
+        self.nbytes += size
+        return size
+
+
+Value = bytes | None | Listing
+
+
+def entry_size(key: bytes, value: Value) -> int:
+    if value is None:
+        return ENTRY_OVERHEAD + len(key)
+    if type(value) is Listing:
+        return ENTRY_OVERHEAD + len(key) + value.nbytes
+    return ENTRY_OVERHEAD + len(key) + len(value)  # type: ignore[arg-type]
 
 
 class CacheMiss(KeyError):
@@ -49,7 +101,7 @@ class StateCache:
             raise ValueError("the cache needs a positive byte bound")
         self.max_bytes = max_bytes
         self.dirty_limit = max(1, int(max_bytes * dirty_fraction))
-        self._entries: OrderedDict[Slot, bytes | None] = OrderedDict()
+        self._entries: OrderedDict[Slot, Value] = OrderedDict()
         """Every entry, clean or dirty, least recently used first: one lookup finds any,
         and a write or a commit moves nothing between structures."""
         self._by_kg: dict[int, set[Slot]] = {}
@@ -85,22 +137,33 @@ class StateCache:
 
     def get(self, key_group: int, state: str, key: bytes) -> bytes | None:
         """The cached value (``None``: absent in the store); raise :class:`CacheMiss`."""
-        found = self._entries.get((key_group, state, key), _MISSING)
-        if found is _MISSING:
+        found = self._entries.get((key_group, state, key), MISSING)
+        if found is MISSING:
             raise CacheMiss((key_group, state, key))
-        return found
+        return found  # type: ignore[return-value]  # a listing's slot is never asked
+
+    def find(self, key_group: int, state: str, key: bytes) -> bytes | _Missing | None:
+        """:meth:`get`, answering :data:`MISSING` instead of raising."""
+        return self._entries.get((key_group, state, key), MISSING)  # type: ignore[return-value]
 
     def contains(self, key_group: int, state: str, key: bytes) -> bool:
         return (key_group, state, key) in self._entries
 
     def missing(
-        self, key_group: int, state: str, keys: Collection[bytes], *, repeats: int = 0
+        self,
+        key_group: int,
+        state: str,
+        keys: Collection[bytes],
+        *,
+        repeats: int = 0,
+        count: bool = True,
     ) -> list[bytes]:
         """Keys not cached, in first-seen order; touches (and counts) the cached ones.
 
         Each key counts one hit or one miss per call. ``repeats``: how many reads the
         (distinct) ``keys`` stand for, when more than one each: the others count as
-        hits (they find what the first loaded).
+        hits (they find what the first loaded).  ``count=False``: a second look that
+        counts nothing.
         """
         entries = self._entries
         touch = entries.move_to_end
@@ -117,8 +180,9 @@ class StateCache:
             else:
                 seen.add(key)
                 out.append(key)
-        self.hits += hits + max(0, repeats - len(keys))
-        self.misses += len(out)
+        if count:
+            self.hits += hits + max(0, repeats - len(keys))
+            self.misses += len(out)
         return out
 
     def fill(
@@ -144,8 +208,8 @@ class StateCache:
             if slot in dirty:
                 continue  # written meanwhile: the dirty value is newer
             value = found.get(key)
-            old = entries.pop(slot, _MISSING)
-            if old is _MISSING:
+            old = entries.pop(slot, MISSING)
+            if old is MISSING:
                 index.add(slot)
             else:
                 added -= entry_size(key, old)
@@ -188,20 +252,20 @@ class StateCache:
         size = clean_freed = 0
         for state, value in values.items():
             slot = (key_group, state, key)
-            old = entries.get(slot, _MISSING)
+            old = entries.get(slot, MISSING)
             entries[slot] = value
             entries.move_to_end(slot)
             size += len(value) if value is not None else 0
             if slot in dirty:
-                size -= len(old or b"") if old is not _MISSING else 0
+                size -= len(old or b"") if old is not MISSING else 0  # type: ignore[arg-type]
             else:
                 dirty[slot] = None
                 self._dirty_count += 1
                 size += key_cost
-                if old is _MISSING:
+                if old is MISSING:
                     self._by_kg.setdefault(key_group, set()).add(slot)
                 else:
-                    clean_freed += key_cost + len(old or b"")
+                    clean_freed += key_cost + len(old or b"")  # type: ignore[arg-type]
         self.clean_bytes -= clean_freed
         if size:
             self.dirty_bytes += size
@@ -223,7 +287,7 @@ class StateCache:
             if value is None:
                 deletes.setdefault(state, []).append(key)
             else:
-                puts.setdefault(state, {})[key] = value
+                puts.setdefault(state, {})[key] = value  # type: ignore[assignment]
         return puts, deletes
 
     def committed(self, key_group: int) -> None:
@@ -248,6 +312,55 @@ class StateCache:
             if slot not in dirty:
                 self.clean_bytes -= entry_size(slot[2], value)
 
+    # -- listings --------------------------------------------------------------------
+
+    def listing(self, key_group: int, state: str, key: bytes) -> Listing | None:
+        """The cached listing of ``key``'s entries in ``state`` (touched), or None."""
+        slot = (key_group, LISTING + state, key)
+        found = self._entries.get(slot)
+        if found is None:
+            return None
+        self._entries.move_to_end(slot)
+        return found  # type: ignore[return-value]
+
+    def put_listing(
+        self, key_group: int, state: str, key: bytes, entries: set[bytes], *, protect: int = 0
+    ) -> None:
+        """Cache a listing (clean), then evict down to the bound, sparing it and the
+        ``protect`` most recent entries before it."""
+        slot = (key_group, LISTING + state, key)
+        listing = Listing(entries)
+        old = self._entries.pop(slot, MISSING)
+        if old is MISSING:
+            self._by_kg.setdefault(key_group, set()).add(slot)
+        else:
+            self.clean_bytes -= entry_size(key, old)
+        self._entries[slot] = listing
+        self.clean_bytes += entry_size(key, listing)
+        self.evict(protect=protect + 1)
+
+    def listing_write(
+        self, key_group: int, state: str, key: bytes, entry: bytes, present: bool
+    ) -> None:
+        """Entry ``entry`` of ``key`` was written (``present``) or deleted: keep a cached
+        listing of the key true."""
+        listing = self._entries.get((key_group, LISTING + state, key))
+        if listing is not None:
+            self.clean_bytes += listing.change(entry, present)  # type: ignore[union-attr]
+
+    def dirty_entries(
+        self, key_group: int, state: str, key: bytes
+    ) -> list[tuple[bytes, bytes | None]]:
+        """The uncommitted entries of ``key`` in ``state``: ``(entry key, value)`` pairs
+        (a scan of the key group's dirty entries: when a listing is built)."""
+        start = len(key)
+        entries = self._entries
+        return [
+            (slot[2][start:], entries[slot])  # type: ignore[misc]
+            for slot in self._dirty.get(key_group) or ()
+            if slot[1] == state and len(slot[2]) > start and slot[2].startswith(key)
+        ]
+
     # -- the per-key-group index ----------------------------------------------------
 
     def _unindex(self, slot: Slot) -> None:
@@ -264,4 +377,4 @@ class _Missing(enum.Enum):
     MISSING = enum.auto()
 
 
-_MISSING: Final = _Missing.MISSING
+MISSING: Final = _Missing.MISSING

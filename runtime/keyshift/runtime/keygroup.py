@@ -12,6 +12,7 @@ assignment moves it; ``skip`` counts and logs the record and goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
@@ -20,8 +21,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from keyshift.runtime.aio import wait_event
-from keyshift.runtime.api import IMMUTABLE_TYPES, CorruptState, Job, decode_key, encode_key
-from keyshift.runtime.cache import CacheMiss, StateCache
+from keyshift.runtime.api import (
+    IMMUTABLE_TYPES,
+    CorruptState,
+    Job,
+    MapState,
+    StateTooLarge,
+    decode_key,
+    encode_key,
+)
+from keyshift.runtime.cache import MISSING, CacheMiss, StateCache, entry_size
 from keyshift.runtime.faults import crash_point
 from keyshift.runtime.metrics import WorkerMetrics
 from keyshift.runtime.sinks import Outputs, SinkUnavailable, TimerOrigin
@@ -47,6 +56,12 @@ BATCH_SECONDS = 0.02
 user functions, a batch of ``batchSize`` records could hold the loop for seconds, and
 the other key groups, the assignment watcher and handoffs would wait behind it."""
 
+
+LOAD_ROUNDS = 3
+"""How often a batch's load looks again for what other key groups evicted meanwhile."""
+
+LIST_PAGE = 1000
+"""Entries per store read when a map is listed for iteration."""
 
 IDLE_SECONDS = 1.0
 """How long an idle key group (caught up, all committed) sleeps at most when nothing wakes
@@ -128,10 +143,14 @@ class RecordContext:
         "_offset",
         "_outputs",
         "_pending",
+        "_pending_entries",
         "_pending_values",
         "_timers",
         "_timestamp",
         "_watermark",
+        "too_large",
+        "wanted_entries",
+        "wanted_listings",
     )
 
     def __init__(
@@ -149,6 +168,8 @@ class RecordContext:
         self._key_bytes = b""
         self._offset = 0
         self._pending: dict[str, bytes | None] = {}
+        self._pending_entries: dict[tuple[str, bytes], bytes | None] = {}
+        """The record's writes of entries of the current key: (state, entry) -> value."""
         self._pending_values: dict[str, Any] = {}
         """Decoded immutable values among ``_pending`` (``update`` of a ValueState)."""
         self._batch: dict[bytes, dict[str, bytes | None]] = {}
@@ -159,6 +180,13 @@ class RecordContext:
         self._timers = TimerService()
         self._timestamp: int | None = None
         self._watermark = watermark or Watermark()
+        self.wanted_entries: dict[str, list[bytes]] = {}
+        """Entries read but not cached (state -> slot keys): the runner loads them and runs
+        the record again."""
+        self.wanted_listings: set[tuple[str, bytes]] = set()
+        """Maps iterated but not listed in the cache: (state, key)."""
+        self.too_large: dict[tuple[str, bytes], str] = {}
+        """Maps too large to iterate in the cache: (state, key) -> why."""
 
     def begin(
         self, key: Hashable, key_bytes: bytes, offset: int, timestamp: int | None = None
@@ -172,6 +200,8 @@ class RecordContext:
         if self._pending:
             self._pending = {}
             self._pending_values = {}
+        if self._pending_entries:
+            self._pending_entries = {}
         if self._outputs:
             self._outputs = []
 
@@ -251,12 +281,74 @@ class RecordContext:
         elif self._pending_values:
             self._pending_values.pop(state, None)
 
+    def read_entries(self, state: str, entries: Sequence[bytes]) -> list[bytes | None]:
+        kb = self._key_bytes
+        pending = self._pending_entries
+        batch = self._batch
+        find = self._cache.find
+        kg = self._kg
+        out: list[bytes | None] = []
+        missing: list[bytes] | None = None
+        for entry in entries:
+            if pending and (state, entry) in pending:
+                out.append(pending[(state, entry)])
+                continue
+            slot_key = kb + entry
+            written = batch.get(slot_key)
+            if written is not None and state in written:
+                out.append(written[state])
+                continue
+            found = find(kg, state, slot_key)
+            if found is MISSING:
+                if missing is None:
+                    missing = []
+                missing.append(slot_key)
+            else:
+                out.append(found)
+        if missing:
+            self.wanted_entries.setdefault(state, []).extend(missing)
+            raise _NotLoaded
+        self._cache.hits += len(out)  # a miss is counted where it is loaded
+        return out
+
+    def write_entry(self, state: str, entry: bytes, value: bytes | None) -> None:
+        self._pending_entries[(state, entry)] = value
+
+    def entry_keys(self, state: str) -> list[bytes]:
+        kb = self._key_bytes
+        listing = self._cache.listing(self._kg, state, kb)
+        if listing is None:
+            why = self.too_large.pop((state, kb), None)
+            if why is not None:
+                raise StateTooLarge(why)
+            self.wanted_listings.add((state, kb))
+            raise _NotLoaded
+        keys = listing.sorted()
+        written = [(e, v) for (s, e), v in self._pending_entries.items() if s == state]
+        if written:  # this record's own writes (the batch's are in the listing)
+            changed = set(keys)
+            for entry, value in written:
+                if value is None:
+                    changed.discard(entry)
+                else:
+                    changed.add(entry)
+            keys = sorted(changed)
+        return keys
+
     # -- the runner's side ----------------------------------------------------------
+    @property
+    def has_writes(self) -> bool:
+        return bool(self._pending or self._pending_entries)
+
     def apply(self) -> None:
         """The current record (or timer) succeeded: its writes join the batch's (the
         pending dicts are the record's own: :meth:`begin` starts new ones)."""
         kb = self._key_bytes
+        if self._pending_entries:
+            self._apply_entries()
         pending = self._pending
+        if not pending:
+            return
         written = self._batch.get(kb)
         if written is None:
             self._batch[kb] = pending
@@ -273,6 +365,20 @@ class RecordContext:
                     if state not in values:
                         decoded.pop(state, None)
             decoded.update(values)
+
+    def _apply_entries(self) -> None:
+        kb = self._key_bytes
+        batch = self._batch
+        listing_write = self._cache.listing_write
+        kg = self._kg
+        for (state, entry), value in self._pending_entries.items():
+            slot_key = kb + entry
+            written = batch.get(slot_key)
+            if written is None:
+                batch[slot_key] = {state: value}
+            else:
+                written[state] = value
+            listing_write(kg, state, kb, entry, value is not None)
 
     def flush(self) -> None:
         """Put the batch's writes into the cache (dirty until the next commit)."""
@@ -291,9 +397,12 @@ class RecordContext:
             self._decoded = {}
 
     def discard(self) -> None:
-        """Forget the batch's writes and decoded values (the cache was dropped)."""
+        """Forget the batch's writes, decoded values and wants (the cache was dropped)."""
         self._batch = {}
         self._decoded = {}
+        self.wanted_entries = {}
+        self.wanted_listings = set()
+        self.too_large = {}
 
 
 class UserFunctionError(Exception):
@@ -337,7 +446,39 @@ class CorruptStateError(Exception):
         )
 
 
-Failure = UserFunctionError | PoisonRecordError | CorruptStateError
+class StateLayoutError(Exception):
+    """The store holds a map or list state of this job in another layout (one value per
+    key, from a keyshift before per-entry collections): the key group stops rather than
+    misread it, until the state is migrated (``keyshift store migrate-entries``)."""
+
+    def __init__(self, key_group: int, offset: int, states: dict[str, str]) -> None:
+        self.key_group = key_group
+        self.offset = offset
+        self.states = states
+        names = ", ".join(repr(s) for s in states)
+        options = " ".join(f"--{kind} {name}" for name, kind in states.items())
+        super().__init__(
+            f"key group {key_group}: state {names} is stored one value per key, the layout of "
+            "keyshift before maps and lists were stored per entry; stop the job, run "
+            f"'keyshift store migrate-entries <job> {options}' (docs/install.md, \"Upgrade\"), and "
+            "start it again"
+        )
+
+
+def stale_layout(job: Job[Any], claim: Claim) -> dict[str, str] | None:
+    """The job's map and list states (name -> ``map`` or ``list``) that the store holds in
+    the per-key layout, if any."""
+    stale = {
+        spec.name: "map" if isinstance(spec, MapState) else "list"
+        for spec in job.states
+        if spec.name in job.entry_states
+        and spec.name in claim.states
+        and spec.name not in claim.entry_states
+    }
+    return stale or None
+
+
+Failure = UserFunctionError | PoisonRecordError | CorruptStateError | StateLayoutError
 
 
 class KeyGroupRunner:
@@ -377,6 +518,13 @@ class KeyGroupRunner:
         self._timers_loaded = not self.timed
         self.timers_fired = 0
         self._ctx = RecordContext(self.key_group, deps.cache, deps.job.state_names, self.watermark)
+        self._entry_states = deps.job.entry_states
+        self._keyed_states = [s.name for s in deps.job.states if not isinstance(s, MapState)]
+        """The states with a value per key (a map has entries only; a list, its length)."""
+        layout = stale_layout(deps.job, claim)
+        if layout is not None:
+            self.failed = StateLayoutError(self.key_group, claim.position, layout)
+            log.error("%s", self.failed)
         self.records_processed = 0
         self.handoff_marks: dict[str, float] = {} if learned is None else {"learned": learned}
         """This owner's handoff timeline (unix times): after the claim ``learned`` (of the
@@ -574,22 +722,105 @@ class KeyGroupRunner:
             log.debug("key group %d: handoff marks not recorded: %s", self.key_group, exc)
 
     async def _load(self, key_bytes: list[bytes]) -> float:
-        """Load the batch's missing state entries; return the seconds spent waiting."""
-        waited = 0.0
+        """Load what the batch needs and the cache lacks: the keyed states of its keys,
+        and the entries and map listings its records asked for when they last ran; return
+        the seconds spent waiting for the store.
+
+        Everything is fetched first and put in the cache after the last fetch, with no
+        wait between that and the batch's processing: while this key group waits for the
+        store the others run and fill the shared cache, and could evict what it loaded.
+        What they evicted meanwhile of what was cached before is fetched again (at most
+        ``LOAD_ROUNDS`` times; a record that still misses something loads it next step).
+        """
         deps = self.deps
         cache = deps.cache
-        states = deps.job.state_names
+        kg = self.key_group
+        ctx = self._ctx
         unique = list(dict.fromkeys(key_bytes))  # a hot key once per batch
-        protect = len(unique) * len(states)
-        for state in states:
-            missing = cache.missing(self.key_group, state, unique, repeats=len(key_bytes))
-            if missing:
-                before = time.perf_counter()
-                found = await deps.store.get_many(deps.job_name, self.key_group, state, missing)
-                waited += time.perf_counter() - before
-                cache.fill(self.key_group, state, missing, found, protect=protect)
+        wanted: dict[str, list[bytes]] = dict.fromkeys(self._keyed_states, unique)
+        for state, slot_keys in ctx.wanted_entries.items():
+            wanted[state] = [*wanted.get(state, ()), *slot_keys]
+        listings = sorted(ctx.wanted_listings)
+        ctx.wanted_entries, ctx.wanted_listings = {}, set()
+        waited = 0.0
+        for round_ in range(LOAD_ROUNDS):
+            fetches = []
+            for state, slot_keys in wanted.items():
+                repeats = len(key_bytes) if slot_keys is unique else 0
+                missing = cache.missing(kg, state, slot_keys, repeats=repeats, count=not round_)
+                if missing:
+                    fetches.append((state, missing))
+            unlisted = [
+                (state, key)
+                for state, key in listings
+                if cache.listing(kg, state, key) is None and (state, key) not in ctx.too_large
+            ]
+            if not fetches and not unlisted:
+                break
+            before = time.perf_counter()
+            found = [
+                await deps.store.get_many(deps.job_name, kg, state, missing)
+                for state, missing in fetches
+            ]
+            listed = [(state, key, await self._list_entries(state, key)) for state, key in unlisted]
+            waited += time.perf_counter() - before
+            # no wait from here to the batch's processing
+            protect = sum(len(v) for v in wanted.values())
+            protect += sum(len(entries) for _, _, entries in listed if entries)
+            for (state, missing), values in zip(fetches, found, strict=True):
+                cache.fill(kg, state, missing, values, protect=protect)
+            for state, key, entries in listed:
+                if entries is not None:
+                    self._put_listing(state, key, entries, protect)
+                    wanted[state] = [*wanted.get(state, ()), *entries]
         deps.metrics.cache_counts(cache.hits, cache.misses)
         return waited
+
+    def _put_listing(
+        self, state: str, key: bytes, stored: dict[bytes, bytes], protect: int
+    ) -> None:
+        """Cache the stored entries of ``key`` in the map ``state`` and its listing: their
+        entry keys, with the uncommitted writes (they are in the cache, dirty)."""
+        cache = self.deps.cache
+        kg = self.key_group
+        slot_keys = list(stored)
+        cache.fill(kg, state, slot_keys, stored, protect=protect)
+        start = len(key)
+        entries = {k[start:] for k in slot_keys}
+        for entry, value in cache.dirty_entries(kg, state, key):
+            if value is None:
+                entries.discard(entry)
+            else:
+                entries.add(entry)
+        cache.put_listing(kg, state, key, entries, protect=protect)
+
+    async def _list_entries(self, state: str, key: bytes) -> dict[bytes, bytes] | None:
+        """The stored entries of ``key`` in the map ``state``, page by page; None (and a
+        reason in the context) when they would take more than half the cache."""
+        deps = self.deps
+        limit = deps.cache.max_bytes // 2
+        found: dict[bytes, bytes] = {}
+        size = 0
+        after: bytes | None = None
+        while True:
+            page = await deps.store.entries(
+                deps.job_name, self.key_group, state, key, after=after, count=LIST_PAGE
+            )
+            for slot_key, value in page:
+                found[slot_key] = value
+                size += entry_size(slot_key, value)
+            if size > limit:
+                self._ctx.too_large[(state, key)] = (
+                    f"map state {state!r} of key {decode_key(key)!r} has more than "
+                    f"{len(found)} entries ({size} bytes): too large to iterate in the "
+                    f"worker's state cache ({deps.cache.max_bytes} bytes, half of which it "
+                    "may take); raise the cache size or keep the maps you iterate smaller "
+                    "(get, put and remove work at any size)"
+                )
+                return None
+            if len(page) < LIST_PAGE:
+                return found
+            after = page[-1][0]
 
     def _process(self, batch: SourceBatch, keys: Sequence[Hashable], key_bytes: list[bytes]) -> int:
         """Run the user function over the batch's records; the number processed."""
@@ -640,7 +871,9 @@ class KeyGroupRunner:
             try:
                 process(record, ctx)
             except _NotLoaded:
-                break  # the next step reloads it
+                if ctx.wanted_entries or ctx.wanted_listings:
+                    self._probe(batch, keys, key_bytes, i + 1, deadline)
+                break  # the next step loads it
             except CorruptState as exc:
                 self._corrupt(offset, ctx._key, exc)
                 break
@@ -662,7 +895,7 @@ class KeyGroupRunner:
                     break
                 continue
             kb = key_bytes[i]
-            if ctx._pending:
+            if ctx._pending or ctx._pending_entries:
                 ctx.apply()
             if ctx._outputs:
                 outputs.emit_all(kg, offset, ctx._key, ctx._outputs)
@@ -679,6 +912,46 @@ class KeyGroupRunner:
         self.position = offset
         self.records_processed += done
         return done
+
+    def _probe(
+        self,
+        batch: SourceBatch,
+        keys: Sequence[Hashable],
+        key_bytes: list[bytes],
+        start: int,
+        deadline: float,
+    ) -> None:
+        """A record read entries that are not loaded: run the batch's next records
+        without any effect (writes, outputs and timers dropped) only to learn which
+        entries they read, so that one load serves the batch instead of one per record.
+        They run again, for real, once loaded."""
+        deps = self.deps
+        ctx = self._ctx
+        process = deps.job.process
+        timestamp = deps.job.timestamp
+        records = batch.records
+        for i in range(start, len(records)):
+            if not (i - start) % 16 and time.perf_counter() > deadline:
+                break
+            record = records[i]
+            if batch.has_poison and isinstance(record, Poison):
+                continue
+            offset = self.position + i if batch.offsets is None else batch.offsets[i]
+            event_time: int | None = None
+            if self.timed:
+                if timestamp is not None:
+                    try:
+                        event_time = timestamp(record)
+                    except Exception:
+                        continue
+                elif batch.timestamps is not None:
+                    event_time = batch.timestamps[i]
+                else:
+                    event_time = deps.source.event_time(self.key_group, offset)
+            ctx.begin(keys[i], key_bytes[i], offset, event_time)
+            with contextlib.suppress(_NotLoaded, CorruptState, Exception):
+                process(record, ctx)
+        ctx.begin(None, b"", self.position)  # nothing of the probe stays pending
 
     def _poison(self, poison: Poison) -> bool:
         """Apply ``onPoison`` to an undecodable record; False: the key group stops."""
@@ -820,7 +1093,7 @@ class KeyGroupRunner:
                     timers.pop_fired(queue, kb, time_ms, member)
                     continue
                 timers.pop_fired(queue, kb, time_ms, member)
-                if ctx._pending:
+                if ctx._pending or ctx._pending_entries:
                     ctx.apply()
                 if ctx._outputs:
                     origin = TimerOrigin(queue, time_ms, key)
@@ -857,6 +1130,7 @@ class KeyGroupRunner:
                 position=self.position,
                 watermark=watermark,
                 timers=timer_changes or None,
+                entry_states=self._entry_states,
             )
         except StoreUnavailable:
             # applied or not, nobody can say: the next commit tells (fenced if it was)

@@ -50,6 +50,7 @@ class WorkerStore(Protocol):
         position: int,
         watermark: int | None = None,
         timers: Mapping[str, TimerChanges] | None = None,
+        entry_states: Collection[str] = (),
     ) -> CommitResult: ...
     async def check_fence(
         self, job: str, key_group: int, *, epoch: int, token: str, seq: int
@@ -80,6 +81,16 @@ class WorkerStore(Protocol):
     async def get_many(
         self, job: str, key_group: int, state_name: str, keys: Collection[bytes]
     ) -> dict[bytes, bytes]: ...
+    async def entries(
+        self,
+        job: str,
+        key_group: int,
+        state_name: str,
+        prefix: bytes,
+        *,
+        after: bytes | None = None,
+        count: int = 1000,
+    ) -> list[tuple[bytes, bytes]]: ...
     async def due_timers(
         self, job: str, key_group: int, queue: str, until: int, *, limit: int = 1000
     ) -> list[Timer]: ...
@@ -90,6 +101,19 @@ class WorkerStore(Protocol):
     async def ack_generation(self, job: str, worker: str, generation: int) -> None: ...
     async def mark_alive(self, job: str, worker: str) -> None: ...
     async def mark_stopped(self, job: str, worker: str) -> None: ...
+
+
+async def read_entries(
+    store: WorkerStore, job: str, key_group: int, state: str, key: bytes
+) -> list[tuple[bytes, bytes]]:
+    """Every committed entry of ``key`` (encoded) in the map or list ``state``, as
+    ``(entry key, value)`` pairs in byte order (a list's: in its order)."""
+    found: list[tuple[bytes, bytes]] = []
+    after: bytes | None = None
+    while page := await store.entries(job, key_group, state, key, after=after):
+        found += [(k[len(key) :], v) for k, v in page]
+        after = page[-1][0]
+    return found
 
 
 @dataclass
@@ -108,6 +132,7 @@ class _KeyGroup:
     claim_marks: dict[str, float] = field(default_factory=dict)
     claim_via: str = ""
     states: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
+    entry_states: set[str] = field(default_factory=set)
     timers: dict[str, dict[bytes, int]] = field(default_factory=dict)
 
 
@@ -155,7 +180,10 @@ class MemoryStore:
         kg.claimed_at = time.time()
         kg.claim_marks = {}
         kg.claim_via = ""
-        return Claim(job, key_group, owner, kg.epoch, kg.token, kg.seq, kg.position, kg.watermark)
+        return Claim(
+            job, key_group, owner, kg.epoch, kg.token, kg.seq, kg.position, kg.watermark,
+            states=frozenset(kg.states), entry_states=frozenset(kg.entry_states),
+        )  # fmt: skip
 
     def _fence(self, job: str, key_group: int, epoch: int, token: str, seq: int) -> None:
         kg = self._kg(job, key_group)
@@ -179,9 +207,11 @@ class MemoryStore:
         position: int,
         watermark: int | None = None,
         timers: Mapping[str, TimerChanges] | None = None,
+        entry_states: Collection[str] = (),
     ) -> CommitResult:
         self._fence(job, key_group, epoch, token, seq)
         kg = self._kg(job, key_group)
+        kg.entry_states.update(n for n in entry_states if n in (puts or {}) or n in (deletes or {}))
         for name, entries in (puts or {}).items():
             kg.states.setdefault(name, {}).update(entries)
         for name, keys in (deletes or {}).items():
@@ -283,6 +313,23 @@ class MemoryStore:
         state = self._kg(job, key_group).states.get(state_name, {})
         return {k: state[k] for k in keys if k in state}
 
+    async def entries(
+        self,
+        job: str,
+        key_group: int,
+        state_name: str,
+        prefix: bytes,
+        *,
+        after: bytes | None = None,
+        count: int = 1000,
+    ) -> list[tuple[bytes, bytes]]:
+        """As the Redis backend's, but by a scan of the whole state (a dict keeps no
+        order): for tests and benchmarks, not for large states."""
+        state = self._kg(job, key_group).states.get(state_name, {})
+        low = prefix if after is None else max(after, prefix)
+        found = sorted(k for k in state if k.startswith(prefix) and k > low)[:count]
+        return [(k, state[k]) for k in found]
+
     async def due_timers(
         self, job: str, key_group: int, queue: str, until: int, *, limit: int = 1000
     ) -> list[Timer]:
@@ -299,6 +346,7 @@ class MemoryStore:
         return replace(
             kg,
             states={name: dict(s) for name, s in kg.states.items()},
+            entry_states=set(kg.entry_states),
             timers={name: dict(t) for name, t in kg.timers.items()},
         )
 
@@ -306,6 +354,7 @@ class MemoryStore:
         self._groups[(job, key_group)] = replace(
             snapshot,
             states={name: dict(s) for name, s in snapshot.states.items()},
+            entry_states=set(snapshot.entry_states),
             timers={name: dict(t) for name, t in snapshot.timers.items()},
         )
 

@@ -187,6 +187,9 @@ class _Context(BytesAccess):
     def write(self, state: str, value: bytes | None) -> None:
         self.pending[state] = value
 
+    def names(self) -> Iterable[str]:
+        return {*self._harness._stored.get(self._key_bytes, {}), *self.pending}
+
 
 class _ReadOnly(BytesAccess):
     def __init__(self, stored: dict[str, bytes]) -> None:
@@ -194,6 +197,9 @@ class _ReadOnly(BytesAccess):
 
     def read(self, state: str) -> bytes | None:
         return self._stored.get(state)
+
+    def names(self) -> Iterable[str]:
+        return self._stored
 
     def write(self, state: str, value: bytes | None) -> None:
         raise TypeError("JobHarness.state only reads: the job writes state")

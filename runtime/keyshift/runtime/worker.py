@@ -50,6 +50,7 @@ from keyshift.runtime.keygroup import (
     PoisonRecordError,
     RunnerResult,
     RuntimeDeps,
+    StateLayoutError,
     UserFunctionError,
 )
 from keyshift.runtime.metrics import FailureMark, WorkerMetrics
@@ -143,7 +144,7 @@ class Worker:
             failed = runner.failed
             if failed is None:
                 continue
-            if isinstance(failed, CorruptStateError):
+            if isinstance(failed, CorruptStateError | StateLayoutError):
                 reason = "store"
             elif isinstance(failed, PoisonRecordError):
                 reason = "poison-record"

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from keyshift.store.client import open_store
+from keyshift.store.migrate import Kind, LayoutError, migrate_entries
 from keyshift.store.protocol import Assignment, Fenced, StateStore
 from keyshift.store.redis_backend import RedisStateStore
 from keyshift.store.savepoint import SavepointSummary, export_job, import_job
@@ -70,6 +71,25 @@ def add_store_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     load.add_argument("job")
     load.add_argument("file", type=Path)
     load.set_defaults(handler=_import)
+
+    migrate = with_store(
+        commands.add_parser(
+            "migrate-entries",
+            help="convert map and list states to the per-entry layout (with the job stopped)",
+        )
+    )
+    migrate.add_argument("job")
+    migrate.add_argument(
+        "--map", action="append", default=[], metavar="STATE", help="a MapState's name"
+    )
+    migrate.add_argument(
+        "--list", action="append", default=[], metavar="STATE", help="a ListState's name"
+    )
+    migrate.add_argument(
+        "--force", action="store_true",
+        help=f"migrate although a worker of the job was alive in the last {ALIVE_SECONDS:.0f} s",
+    )  # fmt: skip
+    migrate.set_defaults(handler=_migrate)
 
     delete = with_store(commands.add_parser("delete", help="delete all of a job's state"))
     delete.add_argument("job")
@@ -197,6 +217,45 @@ def _delete(args: argparse.Namespace) -> int:
         finally:
             await store.close()
         console.print(f"deleted {removed} keys of job {args.job!r}")
+        return 0
+
+    return asyncio.run(run())
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    states: dict[str, Kind] = {name: "map" for name in args.map}
+    states |= {name: "list" for name in args.list}
+    if not states:
+        console.print("name the states to convert: --map STATE and/or --list STATE")
+        return 2
+
+    async def run() -> int:
+        store = _open(args)
+        try:
+            alive = live_workers(await store.alive_workers(args.job), time.time())
+            if alive and not args.force:
+                console.print(
+                    f"job {args.job!r} is running: {', '.join(alive)} "
+                    f"{'was' if len(alive) == 1 else 'were'} alive in the last "
+                    f"{ALIVE_SECONDS:.0f} s. Stop the job first (Ctrl-C its `keyshift run`; "
+                    "on Kubernetes, scale it to 0 or delete the StreamJob), or add --force."
+                )
+                return 2
+            with console.status(f"migrating {args.job}") as status:
+
+                def progress(done: int, total: int) -> None:
+                    status.update(f"migrating {args.job}: {done}/{total} key groups")
+
+                summary = await migrate_entries(store, args.job, states, progress)
+        except (LayoutError, ValueError) as exc:
+            console.print(f"[red]{exc}[/red]")
+            return 1
+        finally:
+            await store.close()
+        console.print(
+            f"migrated {args.job}: {summary.keys} keys in {summary.migrated} of "
+            f"{summary.key_groups} key groups to the per-entry layout"
+        )
         return 0
 
     return asyncio.run(run())

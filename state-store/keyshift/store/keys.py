@@ -20,13 +20,20 @@ def meta(job: str, key_group: int) -> str:
 
 
 def names(job: str, key_group: int) -> str:
-    """Set of the key group's state names (``s:<name>``) and timer queues (``t:<queue>``)."""
+    """Set of the key group's state names (``s:<name>``), entry states (also ``e:<name>``)
+    and timer queues (``t:<queue>``)."""
     return f"{PREFIX}:{key_group_tag(job, key_group)}:names"
 
 
 def state(job: str, key_group: int, state_name: str) -> str:
     """Hash: state key -> value."""
     return f"{PREFIX}:{key_group_tag(job, key_group)}:s:{state_name}"
+
+
+def entry_index(job: str, key_group: int, state_name: str) -> str:
+    """Sorted set (all scores 0): the fields of an entry state's hash, in byte order, so
+    that one key's entries are a lexicographic range (``ZRANGEBYLEX``)."""
+    return f"{PREFIX}:{key_group_tag(job, key_group)}:e:{state_name}"
 
 
 def timers(job: str, key_group: int, queue: str) -> str:

@@ -183,6 +183,11 @@ class Claim:
     seq: int
     position: int
     watermark: int | None
+    states: frozenset[str] = frozenset()
+    """The key group's states that have values in the store (committed once at least)."""
+    entry_states: frozenset[str] = frozenset()
+    """Those of :attr:`states` committed as entry states (``commit(entry_states=)``): a
+    state in ``states`` but not here holds values of another layout."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +306,8 @@ class KeyGroupDump:
     watermark: int | None
     states: dict[str, dict[bytes, bytes]]
     timers: dict[str, list[Timer]]
+    entry_states: set[str] = field(default_factory=set)
+    """Those of ``states`` that are entry states (their index is rebuilt on load)."""
 
 
 class StateStore(Protocol):
@@ -349,8 +356,13 @@ class StateStore(Protocol):
         position: int,
         watermark: int | None = None,
         timers: Mapping[str, TimerChanges] | None = None,
+        entry_states: Collection[str] = (),
     ) -> CommitResult:
         """Apply one checkpoint atomically, or raise :class:`Fenced` writing nothing.
+
+        ``entry_states``: those of the states written whose fields are entries of a
+        collection (a map's or a list's, ``<key><entry key>``): the store keeps them in
+        byte order too, so that :meth:`entries` reads one key's entries as a range.
 
         A retried request (its first reply lost) is answered ``replayed`` only when the
         store applied this very request; any other commit with a used sequence is fenced."""
@@ -424,6 +436,22 @@ class StateStore(Protocol):
         self, job: str, key_group: int, state_name: str, keys: Collection[bytes]
     ) -> dict[bytes, bytes]:
         """The stored values of ``keys``; absent keys are left out."""
+        ...
+
+    async def entries(
+        self,
+        job: str,
+        key_group: int,
+        state_name: str,
+        prefix: bytes,
+        *,
+        after: bytes | None = None,
+        count: int = 1000,
+    ) -> list[tuple[bytes, bytes]]:
+        """Up to ``count`` entries of the entry state ``state_name`` whose field starts
+        with ``prefix`` (``prefix`` itself excluded) and sorts after ``after``, in byte
+        order: one page; the next starts after the last field of this one.  Costs the
+        page's size, not the state's."""
         ...
 
     async def scan(

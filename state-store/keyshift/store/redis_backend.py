@@ -150,6 +150,16 @@ def _marks(meta: dict[bytes, bytes], prefix: bytes, job: str, key_group: int) ->
     return found
 
 
+def lex_range(prefix: bytes, after: bytes | None) -> tuple[bytes, bytes]:
+    """``ZRANGEBYLEX`` bounds of the members that start with ``prefix`` (``prefix``
+    itself excluded) and sort after ``after``."""
+    low = b"(" + (prefix if after is None else max(after, prefix))
+    end = prefix.rstrip(b"\xff")
+    if not end:
+        return low, b"+"
+    return low, b"(" + end[:-1] + bytes([end[-1] + 1])
+
+
 def _escape_glob(prefix: bytes) -> bytes:
     out = bytearray()
     for byte in prefix:
@@ -178,7 +188,7 @@ class RedisStateStore:
         self._init_lock = asyncio.Lock()
         self._scripts = {
             name: self._client.register_script(_load_script(name))
-            for name in (*KEY_GROUP_SCRIPTS, "publish_assignment")
+            for name in (*KEY_GROUP_SCRIPTS, "publish_assignment", "entries")
         }
 
     # -- plumbing ------------------------------------------------------------
@@ -329,7 +339,8 @@ class RedisStateStore:
         if reply[0] == b"STALE":
             raise StaleClaim(job, key_group, generation, int(reply[1]))
         # a retried claim (reply lost) is recognised by its token: one epoch, not two
-        epoch, seq, position, watermark = reply
+        epoch, seq, position, watermark, stored = reply
+        kinds = [raw.decode().partition(":") for raw in stored]
         return Claim(
             job=job,
             key_group=key_group,
@@ -339,6 +350,8 @@ class RedisStateStore:
             seq=int(seq),
             position=int(position),
             watermark=None if watermark is None else int(watermark),
+            states=frozenset(name for kind, _, name in kinds if kind == "s"),
+            entry_states=frozenset(name for kind, _, name in kinds if kind == "e"),
         )
 
     async def commit(
@@ -354,6 +367,7 @@ class RedisStateStore:
         position: int,
         watermark: int | None = None,
         timers: Mapping[str, TimerChanges] | None = None,
+        entry_states: Collection[str] = (),
     ) -> CommitResult:
         puts = puts or {}
         deletes = deletes or {}
@@ -374,9 +388,12 @@ class RedisStateStore:
         for name in state_names:
             check_state_name(name)
             key_list.append(keys.state(job, key_group, name))
+            entries = name in entry_states
+            if entries:
+                key_list.append(keys.entry_index(job, key_group, name))
             put = puts.get(name, {})
             dele = deletes.get(name, ())
-            args += [name, len(put), len(dele)]
+            args += [name, 1 if entries else 0, len(put), len(dele)]
             for k, v in put.items():
                 args += [k, v]
             args += list(dele)
@@ -538,7 +555,7 @@ class RedisStateStore:
             kind, _, name = raw_name.decode().partition(":")
             if kind == "s":
                 entries += await self._client.hlen(keys.state(job, key_group, name))
-            else:
+            elif kind == "t":
                 timer_count += await self._client.zcard(keys.timers(job, key_group, name))
 
         def whole(field: str) -> int:
@@ -591,6 +608,26 @@ class RedisStateStore:
             key_group=key_group,
         )
         return {k: v for k, v in zip(wanted, values, strict=True) if v is not None}
+
+    async def entries(
+        self,
+        job: str,
+        key_group: int,
+        state_name: str,
+        prefix: bytes,
+        *,
+        after: bytes | None = None,
+        count: int = 1000,
+    ) -> list[tuple[bytes, bytes]]:
+        low, high = lex_range(prefix, after)
+        reply = await self._script(
+            "entries",
+            [keys.state(job, key_group, state_name), keys.entry_index(job, key_group, state_name)],
+            [low, high, count],
+            job,
+            key_group,
+        )
+        return list(zip(reply[::2], reply[1::2], strict=True))
 
     async def scan(
         self,
@@ -817,10 +854,13 @@ class RedisStateStore:
         names = await self._client.smembers(keys.names(job, key_group))
         states: dict[str, dict[bytes, bytes]] = {}
         timer_queues: dict[str, list[Timer]] = {}
+        entry_states: set[str] = set()
         for raw_name in sorted(names):
             kind, _, name = raw_name.decode().partition(":")
             if kind == "s":
                 states[name] = {k: v async for k, v in self.scan_all(job, key_group, name)}
+            elif kind == "e":
+                entry_states.add(name)  # the index is rebuilt from the hash on load
             else:
                 found = await self._client.zrange(
                     keys.timers(job, key_group, name), 0, -1, withscores=True
@@ -834,6 +874,7 @@ class RedisStateStore:
             watermark=info.watermark,
             states=states,
             timers=timer_queues,
+            entry_states=entry_states,
         )
 
     async def load_key_group(self, job: str, dump: KeyGroupDump) -> None:
@@ -842,7 +883,7 @@ class RedisStateStore:
         old_names = await self._client.smembers(keys.names(job, kg))
         for raw_name in old_names:
             kind, _, name = raw_name.decode().partition(":")
-            key = keys.state(job, kg, name) if kind == "s" else keys.timers(job, kg, name)
+            key = {"s": keys.state, "e": keys.entry_index}.get(kind, keys.timers)(job, kg, name)
             await self._client.unlink(key)
         await self._client.unlink(keys.names(job, kg))
         await self._script(
@@ -860,10 +901,15 @@ class RedisStateStore:
         for name, entries in dump.states.items():
             check_state_name(name)
             await self._client.sadd(keys.names(job, kg), f"s:{name}")
+            if name in dump.entry_states:
+                await self._client.sadd(keys.names(job, kg), f"e:{name}")
             items = list(entries.items())
             for start in range(0, len(items), 1000):
                 chunk = dict(items[start : start + 1000])
                 await self._client.hset(keys.state(job, kg, name), mapping=chunk)
+                if name in dump.entry_states:
+                    index = keys.entry_index(job, kg, name)
+                    await self._client.zadd(index, dict.fromkeys(chunk, 0))
         for queue, timer_list in dump.timers.items():
             check_state_name(queue)
             await self._client.sadd(keys.names(job, kg), f"t:{queue}")

@@ -18,7 +18,10 @@ import msgspec
 from keyshift.store.protocol import KeyGroupDump, StateStore, Timer
 
 MAGIC = "keyshift-savepoint"
-VERSION = 1
+VERSION = 2
+"""2: frames list their entry states (maps and lists stored per entry); version 1 files,
+which have none, are read too."""
+READABLE_VERSIONS = (1, 2)
 _LENGTH = struct.Struct(">I")
 
 
@@ -38,6 +41,7 @@ class _Frame(msgspec.Struct):
     watermark: int | None
     states: dict[str, dict[bytes, bytes]]
     timers: dict[str, list[tuple[int, bytes]]]
+    entry_states: list[str] = []
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,7 @@ async def export_job(
                     watermark=dump.watermark,
                     states=dump.states,
                     timers={q: [(t.time, t.payload) for t in ts] for q, ts in dump.timers.items()},
+                    entry_states=sorted(dump.entry_states),
                 ),
             )
             if progress:
@@ -120,8 +125,11 @@ async def import_job(
     with path.open("rb") as inp:
         frames = _frames(inp)
         header = msgspec.msgpack.decode(next(frames, b""), type=_Header)
-        if header.magic != MAGIC or header.version != VERSION:
-            raise ValueError(f"{path} is not a keyshift savepoint of version {VERSION}")
+        if header.magic != MAGIC or header.version not in READABLE_VERSIONS:
+            raise ValueError(
+                f"{path} is not a keyshift savepoint of version "
+                f"{' or '.join(map(str, READABLE_VERSIONS))}"
+            )
         count = 0
         for data in frames:
             frame = msgspec.msgpack.decode(data, type=_Frame)
@@ -135,6 +143,7 @@ async def import_job(
                     watermark=frame.watermark,
                     states=frame.states,
                     timers={q: [Timer(t, p) for t, p in ts] for q, ts in frame.timers.items()},
+                    entry_states=set(frame.entry_states),
                 ),
             )
             entries += sum(len(s) for s in frame.states.values())

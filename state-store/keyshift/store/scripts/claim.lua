@@ -1,7 +1,8 @@
 -- Claim a key group: new epoch, new token, return where to resume.
 -- KEYS[1] meta hash, KEYS[2] names set
 -- ARGV owner, token, generation, now (unix seconds)
--- Returns {epoch, seq, position, watermark} or {'STALE', stored_generation}.
+-- Returns {epoch, seq, position, watermark, names} (names: the names set's members) or
+-- {'STALE', stored_generation}.
 -- Also records the handoff pause: from the previous owner's release (or, for a
 -- claim by force, its last commit) to this claim.
 local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'released_at', 'committed_at', 'seq',
@@ -12,7 +13,7 @@ local position = meta_number(m[6], 'position') or 0
 meta_number(m[7], 'watermark')
 if m[2] == ARGV[2] then
   -- this very claim was applied already and its reply lost: answer it again
-  return {stored_epoch, seq, position, m[7]}
+  return {stored_epoch, seq, position, m[7], redis.call('SMEMBERS', KEYS[2])}
 end
 if not m[1] and redis.call('EXISTS', KEYS[2]) == 1 then
   -- state without metadata (deleted, or evicted by a maxmemory policy): a claim would
@@ -39,4 +40,4 @@ if since and tonumber(since) then
 else
   redis.call('HDEL', KEYS[1], 'pause')
 end
-return {epoch, seq, position, m[7]}
+return {epoch, seq, position, m[7], redis.call('SMEMBERS', KEYS[2])}

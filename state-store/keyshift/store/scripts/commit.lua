@@ -1,10 +1,11 @@
 -- Apply one checkpoint of a key group atomically, if the fence matches.
--- KEYS[1] meta hash, KEYS[2] names set, KEYS[3..] state hashes then timer sets
+-- KEYS[1] meta hash, KEYS[2] names set, KEYS[3..] state hashes (an entry state's followed
+-- by its index) then timer sets
 -- ARGV[1] epoch  ARGV[2] token  ARGV[3] seq  ARGV[4] position
 -- ARGV[5] watermark ('' keeps the stored one)  ARGV[6] number of state hashes
 -- ARGV[7] number of timer sets  ARGV[8] now (unix seconds)  ARGV[9] commit id (random,
 -- drawn once per commit and sent again by its retries)
--- then per state hash:  name, nputs, ndeletes, k1, v1, ..., d1, ...
+-- then per state hash:  name, entries (1: an entry state), nputs, ndeletes, k1, v1, ..., d1, ...
 -- then per timer set:   name, nadds, nremoves, score1, member1, ..., r1, ...
 -- Returns {'OK', next_seq, replayed} or {'FENCED', reason, stored_epoch, stored_seq}.
 local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'seq', 'commit')
@@ -36,17 +37,44 @@ local function apply(cmd, key, first, count, stride)
   end
 end
 
+-- an entry state's index: ZADD 0 (fields of the puts) / ZREM (deleted fields)
+local function index(key, first, count, stride)
+  local i = first
+  local last = first + count * stride - 1
+  while i <= last do
+    local j = math.min(i + CHUNK * stride - 1, last)
+    local members = {}
+    for n = i, j, stride do
+      members[#members + 1] = 0
+      members[#members + 1] = ARGV[n]
+    end
+    redis.call('ZADD', key, unpack(members))
+    i = j + 1
+  end
+end
+
 local arg = 10
 local key = 3
 for _ = 1, tonumber(ARGV[6]) do
-  local name, nput, ndel = ARGV[arg], tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2])
-  arg = arg + 3
-  if nput > 0 then apply('HSET', KEYS[key], arg, nput, 2) end
+  local name, entries = ARGV[arg], ARGV[arg + 1] == '1'
+  local nput, ndel = tonumber(ARGV[arg + 2]), tonumber(ARGV[arg + 3])
+  arg = arg + 4
+  if nput > 0 then
+    apply('HSET', KEYS[key], arg, nput, 2)
+    if entries then index(KEYS[key + 1], arg, nput, 2) end
+  end
   arg = arg + 2 * nput
-  if ndel > 0 then apply('HDEL', KEYS[key], arg, ndel, 1) end
+  if ndel > 0 then
+    apply('HDEL', KEYS[key], arg, ndel, 1)
+    if entries then apply('ZREM', KEYS[key + 1], arg, ndel, 1) end
+  end
   arg = arg + ndel
   redis.call('SADD', KEYS[2], 's:' .. name)
   key = key + 1
+  if entries then
+    redis.call('SADD', KEYS[2], 'e:' .. name)
+    key = key + 1
+  end
 end
 for _ = 1, tonumber(ARGV[7]) do
   local name, nadd, nrem = ARGV[arg], tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2])
