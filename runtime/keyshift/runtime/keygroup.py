@@ -17,7 +17,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from keyshift.runtime.aio import wait_event
@@ -47,6 +47,7 @@ from keyshift.runtime.timers import (
     Watermark,
     decode_member,
 )
+from keyshift.runtime.turns import Turns
 from keyshift.store.protocol import Claim, Fenced, StoreError, StoreUnavailable
 
 log = logging.getLogger("keyshift.runtime")
@@ -110,6 +111,7 @@ class RuntimeDeps:
     on_poison: Literal["fail", "skip", "dead-letter"] = "fail"
     out_of_orderness: float = 0.0
     idle_timeout: float = 10.0
+    turns: Turns = field(default_factory=Turns)
 
 
 class _NotLoaded(BaseException):
@@ -594,6 +596,7 @@ class KeyGroupRunner:
                             await self.checkpoint()
                         return RunnerResult(kg, Outcome.STOPPED)
                     if self.failed is not None:  # parked: its lag still shows
+                        deps.turns.leave(kg)
                         now = time.time()
                         deps.metrics.source(kg, deps.source.end_offset(kg, now), self.position)
                         await self._wait(IDLE_SECONDS)
@@ -622,6 +625,7 @@ class KeyGroupRunner:
             deps.cache.drop(kg)
             raise
         finally:
+            deps.turns.leave(kg)
             deps.source.unassign(kg)
             deps.metrics.forget_key_group(kg)
 
@@ -669,7 +673,11 @@ class KeyGroupRunner:
                 until_checkpoint = IDLE_SECONDS
             if not self._handoff_recorded:
                 await self._record_handoff(time.time(), None)
+            deps.turns.leave(kg)
             await self._wait(max(0.001, min(until_data, until_checkpoint)))
+            return
+        if not deps.turns.may_work(kg, urgent=not self._handoff_recorded):
+            await asyncio.sleep(0)  # the others' turn, and the sockets'
             return
         # busy: the time spent on this batch on the event loop, store round trips excluded
         started = time.perf_counter()
@@ -695,6 +703,7 @@ class KeyGroupRunner:
         finally:
             busy = time.perf_counter() - started - waited - waited_timers
             deps.metrics.busy_seconds.inc(max(0.0, busy))
+            deps.turns.worked(busy)
         deps.metrics.records_processed.inc(done)
         if not self._handoff_recorded:
             await self._record_handoff(loaded, time.time())
