@@ -34,7 +34,7 @@ async def batches_before_control(turns: Turns, key_groups: int) -> int:
     for _ in range(50):  # let the turns settle into their steady order
         await asyncio.sleep(0)
     loop = asyncio.get_running_loop()
-    ran = loop.create_future()
+    ran: asyncio.Future[int] = loop.create_future()
     at_schedule = len(log)
     loop.call_soon(lambda: ran.set_result(len(log)))
     at_run = await ran
