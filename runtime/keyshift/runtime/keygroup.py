@@ -766,6 +766,7 @@ class KeyGroupRunner:
             ]
             if not fetches and not unlisted:
                 break
+            evictions = cache.evictions
             before = time.perf_counter()
             found = [
                 await deps.store.get_many(deps.job_name, kg, state, missing)
@@ -774,6 +775,7 @@ class KeyGroupRunner:
             listed = [(state, key, await self._list_entries(state, key)) for state, key in unlisted]
             waited += time.perf_counter() - before
             # no wait from here to the batch's processing
+            evicted_meanwhile = cache.evictions != evictions
             protect = sum(len(v) for v in wanted.values())
             protect += sum(len(entries) for _, _, entries in listed if entries)
             for (state, missing), values in zip(fetches, found, strict=True):
@@ -782,6 +784,8 @@ class KeyGroupRunner:
                 if entries is not None:
                     self._put_listing(state, key, entries, protect)
                     wanted[state] = [*wanted.get(state, ()), *entries]
+            if not evicted_meanwhile and not listed:
+                break  # what was cached before is still there: all is loaded
         deps.metrics.cache_counts(cache.hits, cache.misses)
         return waited
 
