@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.results_md import replace_section
-from keyshift.controller.assignment import (
+from keyshift.controller.core.assignment import (
     balance_of,
     best_bottleneck,
     moved,

@@ -5,7 +5,7 @@ reimplementation of the Flink Kubernetes operator's autoscaler defaults.
 
 **The job model** (:class:`JobModel`): ``key_groups`` key groups, each receiving
 an equal share of the trace's load; worker ``i`` of ``n`` owns the key range
-of :func:`keyshift.controller.assignment.key_range` and processes at most
+of :func:`keyshift.controller.core.assignment.key_range` and processes at most
 ``worker_capacity`` records/s over the key groups it owns, oldest backlog
 first in proportion.  A key group's lag is what arrived and was not processed.
 A worker's busy ratio is its processed records over its capacity (a worker with
@@ -52,9 +52,15 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from keyshift.controller.assignment import plan_assignment
-from keyshift.controller.autoscaler import Decision, ScalingHistory, align, decide, max_range
-from keyshift.controller.metrics_provider import LoadSample, WorkerLoad
+from keyshift.controller.autoscaling.decision import (
+    Decision,
+    ScalingHistory,
+    align,
+    decide,
+    max_range,
+)
+from keyshift.controller.autoscaling.metrics.base import LoadSample, WorkerLoad
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.config import AutoscalerSpec
 
 HERE = Path(__file__).resolve().parent
@@ -675,8 +681,8 @@ def results_markdown(data: dict[str, Any]) -> str:
         "even load over key groups, 1 s steps; both policies see the same `LoadSample`s "
         "(window rates, lag and its trend, per-worker processed rate and busy ratio) and start "
         "at the same parallelism after a warm-up at the initial load. keyshift: "
-        "`keyshift.controller.autoscaler.decide` with the `AutoscalerSpec` defaults (target "
-        "0.7 +- 0.2, catch-up 120 s, window 60 s, every 15 s, cooldown 30 s, scale-down "
+        "`keyshift.controller.autoscaling.decision.decide` with the `AutoscalerSpec` defaults "
+        "(target 0.7 +- 0.2, catch-up 120 s, window 60 s, every 15 s, cooldown 30 s, scale-down "
         "stabilisation 300 s); a rescale starts new workers 5 s before the handoff and "
         "pauses the moved key groups for 1 s. Flink: `benchmarks/flink_autoscaler.py`, the "
         "Kubernetes operator autoscaler's default rules (15 min metrics window, 5 min "

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from benchmarks.results_md import replace_section
 from examples.counter import job as counter_job
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime import kafka
 from keyshift.runtime.config import StreamJob, settings_from
 from keyshift.runtime.store import MemoryStore

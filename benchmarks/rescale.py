@@ -68,6 +68,7 @@ import redis.asyncio as aioredis
 from benchmarks.jobs import initial_value
 from benchmarks.results_md import replace_section
 from keyshift.runtime.api import encode_key
+from keyshift.runtime.config import API_VERSION
 from keyshift.store import keys as store_keys
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer
@@ -95,7 +96,7 @@ def say(message: str) -> None:
 
 def write_manifest(path: Path, args: argparse.Namespace, keys: int, sink: str) -> None:
     manifest = {
-        "apiVersion": "keyshift.dev/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "StreamJob",
         "metadata": {"name": JOB},
         "spec": {
@@ -828,7 +829,7 @@ def results_markdown(data: dict[str, Any], extras: list[dict[str, Any]] | None =
 
 def handoff_markdown(data: dict[str, Any]) -> str:
     """Where a moved key group's pause goes, step by step, per rescale of the run."""
-    from keyshift.controller.handoffs import STAGES
+    from keyshift.controller.core.handoffs import STAGES
 
     cfg = data["config"]
     lines = [

@@ -29,6 +29,8 @@ from typing import Any
 
 import psutil
 
+from keyshift.runtime.config import API_VERSION
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results" / "scale_out.json"
@@ -41,7 +43,7 @@ def say(message: str) -> None:
 
 def manifest(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "apiVersion": "keyshift.dev/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "StreamJob",
         "metadata": {"name": JOB},
         "spec": {

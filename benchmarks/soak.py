@@ -73,13 +73,13 @@ from typing import Any
 import redis
 
 from benchmarks.results_md import replace_section
-from keyshift.runtime.config import GeneratorSource
+from keyshift.runtime.config import API_VERSION, GeneratorSource
 from keyshift.runtime.expected import counter_state_encoded
 from keyshift.runtime.sources.generator import cumulative
 from keyshift.store import keys as store_keys
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer, wait_until
-from tests.controller.localjob import LocalJob
+from tests.controller.local.localjob import LocalJob
 from tests.support import assert_owned_as_assigned
 
 HERE = Path(__file__).resolve().parent
@@ -135,7 +135,7 @@ class SoakConfig:
 
     def manifest(self, store_url: str) -> dict[str, Any]:
         return {
-            "apiVersion": "keyshift.dev/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": "StreamJob",
             "metadata": {"name": JOB},
             "spec": {

@@ -40,7 +40,7 @@ from typing import Any
 import psutil
 
 from examples.counter import job as counter_job
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.config import GeneratorSource, StreamJob, settings_from
 from keyshift.runtime.sinks import NullSinkWriter
 from keyshift.runtime.store import MemoryStore, WorkerStore

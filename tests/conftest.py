@@ -18,7 +18,7 @@ import pytest
 from keyshift.runtime.store import MemoryStore
 from keyshift.store import RedisStateStore, open_store
 from keyshift.store.server import LocalCluster, LocalServer
-from tests.controller.localjob import LocalJob
+from tests.controller.local.localjob import LocalJob
 from tests.kafka_broker import KafkaBroker
 from tests.prometheus_server import PrometheusServer, prometheus_binary
 from tests.support import WorkerProcess

@@ -21,9 +21,15 @@ from typing import Any
 import httpx
 import yaml
 
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import decode_key
-from keyshift.runtime.config import OUTPUT_DIR_ENV, GeneratorSource, StreamJob, worker_name
+from keyshift.runtime.config import (
+    API_VERSION,
+    OUTPUT_DIR_ENV,
+    GeneratorSource,
+    StreamJob,
+    worker_name,
+)
 from keyshift.runtime.expected import counter_state_encoded
 from keyshift.store import Assignment, RedisStateStore
 from keyshift.store.server import free_port
@@ -43,7 +49,7 @@ def counter_manifest(
     **spec: Any,
 ) -> dict[str, Any]:
     return {
-        "apiVersion": "keyshift.dev/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "StreamJob",
         "metadata": {"name": job},
         "spec": {

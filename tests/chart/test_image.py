@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from keyshift.controller.k8s_objects import WORKER_UID
+from keyshift.controller.kubernetes.objects import WORKER_UID
 from tests.chart.render import one, render
 from tests.support import REPO
 

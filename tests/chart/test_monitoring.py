@@ -1,7 +1,7 @@
 """Prometheus scraping (monitors or annotations) and the Grafana dashboard.
 
 The PodMonitor must find the pods the operator creates (their labels and port name
-come from ``k8s_objects``), and the dashboard must ask only for series the workers
+come from ``kubernetes.objects``), and the dashboard must ask only for series the workers
 and the operator export.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 import prometheus_client
 from prometheus_client.registry import CollectorRegistry
 
-from keyshift.controller import operator_metrics
-from keyshift.controller.k8s_objects import HTTP_PORT, selector_labels, worker_container
+from keyshift.controller.core import metrics as operator_metrics
+from keyshift.controller.kubernetes.objects import HTTP_PORT, selector_labels, worker_container
 from keyshift.runtime.config import StreamJobSpec
 from keyshift.runtime.metrics import NAMESPACE_ENV, WorkerMetrics
 from tests.chart.render import NAMESPACE, find, one, render

@@ -1,7 +1,7 @@
 """Every pod keyshift runs passes the "restricted" Pod Security Standard.
 
 The operator's and the store's pods come from the rendered chart; the workers' pods
-from the operator's own builder (``k8s_objects.worker_statefulset``), which is what
+from the operator's own builder (``kubernetes.objects.worker_statefulset``), which is what
 the operator creates for each StreamJob.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from keyshift.controller.k8s_objects import worker_statefulset
-from keyshift.runtime.config import StreamJobSpec
+from keyshift.controller.kubernetes.objects import worker_statefulset
+from keyshift.runtime.config import API_VERSION, StreamJobSpec
 from tests.chart.pod_security import violations
 from tests.chart.render import find, one, render
 
@@ -29,7 +29,7 @@ def pod_spec(obj: Obj) -> Obj:
 
 def streamjob(**spec: Any) -> Obj:
     return {
-        "apiVersion": "keyshift.dev/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "StreamJob",
         "metadata": {"name": "counter", "namespace": "streams", "uid": "0000-1111"},
         "spec": {
@@ -60,7 +60,7 @@ WORKERS = {
 def test_worker_pods_with_a_full_pod_template_stay_restricted() -> None:
     """Everything ``spec.podTemplate`` takes, at once: the pod still passes, and a named
     ServiceAccount gets no token unless the template asks for one."""
-    from tests.operator.test_k8s_objects import TEMPLATE
+    from tests.controller.kubernetes.test_objects import TEMPLATE
 
     pod = pod_spec(workers(streamjob(podTemplate=TEMPLATE)))
     assert violations(pod) == []

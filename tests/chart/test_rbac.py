@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from keyshift.controller.k8s_api import SECRET_LABEL
+from keyshift.controller.kubernetes.api import SECRET_LABEL
+from keyshift.runtime.config import API_VERSION
 from keyshift.store.server import LocalServer
 from tests.chart.rbac import Grant, grants, needed, role_allows
 from tests.chart.render import chart_crds, one, render
@@ -104,7 +105,7 @@ def store(tmp_path: Path) -> Iterator[LocalServer]:
 
 def streamjob(name: str, store: LocalServer, parallelism: int) -> dict[str, Any]:
     return {
-        "apiVersion": "keyshift.dev/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "StreamJob",
         "metadata": {"name": name},
         "spec": {

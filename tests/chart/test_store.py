@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from keyshift.controller.k8s_api import SECRET_LABEL
-from keyshift.controller.k8s_objects import worker_statefulset
-from keyshift.runtime.config import StreamJobSpec
+from keyshift.controller.kubernetes.api import SECRET_LABEL
+from keyshift.controller.kubernetes.objects import worker_statefulset
+from keyshift.runtime.config import API_VERSION, StreamJobSpec
 from tests.chart.render import NAMESPACE, find, notes, notes_streamjob, one, render
 from tests.chart.validation import VERSIONS, problems
 
@@ -369,7 +369,7 @@ def pod_labels(obj: Obj) -> dict[str, str]:
 def worker_labels(namespace: str) -> dict[str, str]:
     """The labels of a StreamJob's worker pods, as the operator makes them."""
     body = {
-        "apiVersion": "keyshift.dev/v1alpha1", "kind": "StreamJob",
+        "apiVersion": API_VERSION, "kind": "StreamJob",
         "metadata": {"name": "counter", "namespace": namespace, "uid": "u"},
         "spec": {"job": "examples.counter:job", "podLabels": {"team": "a"},
                  "stateStore": {"url": "redis://keyshift-valkey.streams.svc:6379",

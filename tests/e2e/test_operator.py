@@ -18,7 +18,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
+from keyshift.runtime.config import API_VERSION
 from keyshift.store import Assignment, RedisStateStore, open_store
 from keyshift.store.server import LocalServer, free_port
 from tests.e2e.harness import Cluster, OperatorProcess, real_cluster_settings
@@ -124,7 +125,7 @@ async def store(cluster: Cluster) -> AsyncIterator[RedisStateStore]:
 
 def manifest(name: str, cluster: Cluster, parallelism: int, **spec: Any) -> str:
     doc = {
-        "apiVersion": "keyshift.dev/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "StreamJob",
         "metadata": {"name": name},
         "spec": {

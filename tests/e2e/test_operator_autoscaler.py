@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from keyshift.runtime.config import API_VERSION
 from keyshift.store.server import LocalServer
 from tests.e2e.harness import OperatorProcess, real_cluster_settings
 from tests.e2e.kubelet import PodRunner
@@ -68,7 +69,7 @@ def test_the_operator_scales_a_job_from_prometheus(
     name = f"e2e-{secrets.token_hex(3)}"
     points = [[0, LOW], [STEP_AT, LOW], [STEP_AT + 1, HIGH]]
     doc = {
-        "apiVersion": "keyshift.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": name},
+        "apiVersion": API_VERSION, "kind": "StreamJob", "metadata": {"name": name},
         "spec": {
             "job": "examples.busy_counter:job", "keyGroups": 16, "parallelism": 1,
             "source": {"type": "generator", "keys": 2000,

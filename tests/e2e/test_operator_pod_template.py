@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from keyshift.controller.k8s_api import SECRET_LABEL
+from keyshift.controller.kubernetes.api import SECRET_LABEL
+from keyshift.runtime.config import API_VERSION
 from keyshift.store.server import LocalServer
 from tests.e2e.harness import OperatorProcess, real_cluster_settings
 from tests.e2e.kubelet import PodRunner
@@ -125,7 +126,7 @@ def test_a_pod_template_reaches_the_statefulset_under_the_operators_settings(
                 "data": {"ca.pem": base64.b64encode(b"not a real CA").decode()}})  # fmt: skip
     name = f"pt-{secrets.token_hex(3)}"
     apply(k8s, {
-        "apiVersion": "keyshift.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": name},
+        "apiVersion": API_VERSION, "kind": "StreamJob", "metadata": {"name": name},
         "spec": {
             "job": "examples.counter:job", "keyGroups": 4, "parallelism": 1,
             "source": {"type": "generator", "keys": 100, "rate": {"recordsPerSecond": 200}},

@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
-from keyshift.controller.k8s_api import SECRET_LABEL
+from keyshift.controller.kubernetes.api import SECRET_LABEL
+from keyshift.runtime.config import API_VERSION
 from keyshift.store.server import LocalServer
 from tests.e2e.harness import OperatorProcess, real_cluster_settings
 from tests.e2e.kubelet import PodRunner
@@ -76,7 +77,7 @@ def label(k8s: KubernetesEmulator, secret: str) -> None:
 
 def apply_job(k8s: KubernetesEmulator, name: str, store: LocalServer, **spec: Any) -> None:
     doc = {
-        "apiVersion": "keyshift.dev/v1alpha1", "kind": "StreamJob", "metadata": {"name": name},
+        "apiVersion": API_VERSION, "kind": "StreamJob", "metadata": {"name": name},
         "spec": {
             "job": "examples.counter:job", "keyGroups": 4, "parallelism": 1,
             "source": {"type": "generator", "keys": 100, "rate": {"recordsPerSecond": 200}},

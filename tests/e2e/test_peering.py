@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
+from keyshift.runtime.config import API_VERSION
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer
 from tests.e2e.harness import OperatorProcess, real_cluster_settings
@@ -42,7 +43,7 @@ SOURCE = {"type": "generator", "keys": 300, "rate": {"recordsPerSecond": 1200},
 
 def streamjob(name: str, store_url: str, parallelism: int) -> str:
     return yaml.safe_dump({
-        "apiVersion": "keyshift.dev/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "StreamJob",
         "metadata": {"name": name},
         "spec": {

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from keyshift.controller.assignment import moved
+from keyshift.controller.core.assignment import moved
 from keyshift.runtime.config import worker_name
-from tests.controller.localjob import LocalJob
+from tests.controller.local.localjob import LocalJob
 from tests.support import (
     all_done,
     assert_exact_counter_state,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.store import Assignment, RedisStateStore, open_store
 from keyshift.store.server import LocalServer
 from tests.support import (

@@ -18,7 +18,7 @@ import pytest
 
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer
-from tests.controller.localjob import LocalJob
+from tests.controller.local.localjob import LocalJob
 from tests.faults.proxy import FaultProxy
 from tests.support import (
     all_done,

@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import msgspec
 
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import encode_key
-from keyshift.runtime.config import GeneratorSource, KafkaSink
+from keyshift.runtime.config import API_VERSION, GeneratorSource, KafkaSink
 from keyshift.runtime.kafka import KafkaSinkWriter, fill_topic
 from keyshift.runtime.sinks import Outputs, TimerOrigin
 from keyshift.runtime.sources.generator import Event, Generator
@@ -50,7 +50,7 @@ def kafka_manifest(
     sink: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
-        "apiVersion": "keyshift.dev/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "StreamJob",
         "metadata": {"name": job},
         "spec": {

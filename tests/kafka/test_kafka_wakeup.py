@@ -12,7 +12,7 @@ import time
 import pytest
 
 from examples.counter import job as counter_job
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime import kafka, keygroup
 from keyshift.runtime.config import KafkaSource, StreamJob, settings_from
 from keyshift.runtime.kafka import KafkaRecordSource

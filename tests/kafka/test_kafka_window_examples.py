@@ -15,7 +15,7 @@ import msgspec
 import pytest
 import yaml
 
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.config import GeneratorSource, StreamJob
 from keyshift.runtime.faults import ENV
 from keyshift.runtime.kafka import fill_topic

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import Job, encode_key
 from keyshift.runtime.config import StreamJob, settings_from
 from keyshift.runtime.keygroup import StateLayoutError

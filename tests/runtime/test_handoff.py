@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.handoff import may_claim, plan_handoff, stale_claims
 from keyshift.store import Assignment
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import Context, Job, ListState, ValueState, encode_key
 from keyshift.runtime.config import StreamJob, settings_from
 from keyshift.runtime.faults import ENV

@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from examples import revenue_per_minute, sessions
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.config import GeneratorSource, StreamJob
 from keyshift.runtime.expected import (
     WindowResults,

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from examples import revenue_per_minute, sessions
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import Job, load_job
 from keyshift.runtime.config import GeneratorSource, StreamJob, load_manifest, settings_from
 from keyshift.runtime.expected import revenue_per_minute_results, sessions_results

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from examples.counter import job as counter_job
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import Job, encode_key
 from keyshift.runtime.config import StreamJob, settings_from
 from keyshift.runtime.expected import counter_state_encoded

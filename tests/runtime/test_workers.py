@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from keyshift.controller.assignment import plan_assignment
+from keyshift.controller.core.assignment import plan_assignment
 from keyshift.store import Assignment, open_store
 from keyshift.store.server import LocalServer
 from tests.support import (

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from keyshift.controller.k8s_api import KubeUnavailable
-from keyshift.controller.local_run import InvalidManifest, JobAlreadyRunning
+from keyshift.controller.kubernetes.api import KubeUnavailable
+from keyshift.controller.local.run import InvalidManifest, JobAlreadyRunning
 from keyshift.store import StoreError
 from keyshift.store.admin import add_store_commands
 from keyshift.store.server import ServerStartError
@@ -163,7 +163,7 @@ def _priority(text: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from keyshift.controller.local_run import LOCAL_MAX_WORKERS, run_local
+    from keyshift.controller.local.run import LOCAL_MAX_WORKERS, run_local
 
     return run_local(
         args.manifest, base_dir=args.dir, store_url=args.store_url, fresh=args.fresh,
@@ -175,10 +175,10 @@ def _run(args: argparse.Namespace) -> int:
 def _explain(args: argparse.Namespace) -> int:
     import msgspec
 
-    from keyshift.controller.autoscaler import Decision, explain
+    from keyshift.controller.autoscaling.decision import Decision, explain
 
     if args.namespace:
-        from keyshift.controller.k8s_api import KubeApi, check_reachable, load_credentials
+        from keyshift.controller.kubernetes.api import KubeApi, check_reachable, load_credentials
 
         load_credentials()
         check_reachable()
@@ -189,7 +189,7 @@ def _explain(args: argparse.Namespace) -> int:
         auto = (body.get("status") or {}).get("autoscaler")
         where = f"StreamJob {args.namespace}/{args.job}"
     else:
-        from keyshift.controller.local_run import RunDir
+        from keyshift.controller.local.run import RunDir
 
         run_dir = RunDir.of(args.job, args.dir)
         if not run_dir.status.exists():
@@ -216,12 +216,12 @@ def _explain(args: argparse.Namespace) -> int:
 def _operator(args: argparse.Namespace) -> int:
     import prometheus_client
 
-    from keyshift.controller.handlers import run_operator
+    from keyshift.controller.kubernetes.handlers import run_operator
 
     if not args.namespace and not args.all_namespaces:
         console.print("give --namespace NS (repeatable) or --all-namespaces")
         return 2
-    from keyshift.controller.k8s_api import check_reachable, load_credentials
+    from keyshift.controller.kubernetes.api import check_reachable, load_credentials
 
     load_credentials()  # a clear message now, not kopf's login retried with tracebacks
     check_reachable()
@@ -236,7 +236,7 @@ def _operator(args: argparse.Namespace) -> int:
 
 
 def _scale(args: argparse.Namespace) -> int:
-    from keyshift.controller.local_run import RunDir
+    from keyshift.controller.local.run import RunDir
 
     run_dir = RunDir.of(args.job, args.dir)
     if run_dir.running_pid() is None:
@@ -281,8 +281,8 @@ def _scale(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from keyshift.controller.local_run import RunDir
-    from keyshift.controller.status import workers_to_restart
+    from keyshift.controller.core.status import workers_to_restart
+    from keyshift.controller.local.run import RunDir
 
     run_dir = RunDir.of(args.job, args.dir)
     if run_dir.running_pid() is None:
@@ -309,8 +309,8 @@ def _resume(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from keyshift.controller.local_run import RunDir
-    from keyshift.controller.view import render
+    from keyshift.controller.local.run import RunDir
+    from keyshift.controller.local.view import render
 
     run_dir = RunDir.of(args.job, args.dir)
     if not run_dir.status.exists():
@@ -330,7 +330,7 @@ def _status(args: argparse.Namespace) -> int:
 def _crd(args: argparse.Namespace) -> int:
     import difflib
 
-    from keyshift.controller import crd
+    from keyshift.controller.kubernetes import crd
 
     text = crd.render_yaml(crd.streamjob_crd())
     # the default file has a copy in the Helm chart, kept identical

@@ -49,7 +49,13 @@ from keyshift.store.client import parse_store_url
 from keyshift.store.protocol import check_job_name
 
 API_VERSION: Final = "keyshift.dev/v1alpha1"
+GROUP: Final = API_VERSION.partition("/")[0]
+VERSION: Final = API_VERSION.partition("/")[2]
 KIND: Final = "StreamJob"
+PLURAL: Final = "streamjobs"
+SINGULAR: Final = "streamjob"
+"""The StreamJob API's names, defined here once (the CRD, the operator's client and the
+tests use these)."""
 
 # ASCII digits only (``\d`` would take full-width and other Unicode digits), and at most
 # twelve of them: longer is never a duration anyone means.

@@ -1,0 +1,151 @@
+"""The controller loop, shared by ``keyshift run`` and the Kubernetes operator.
+
+Each tick: keep the workers of the current assignment in the pool, drive the
+rescale in progress, or else ask :func:`~keyshift.controller.core.reconcile.decide`
+whether to start one (first deployment, failover, rebalance, new desired
+parallelism).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from keyshift.controller.core.executor import EventSink, RescaleExecutor
+from keyshift.controller.core.pool import WorkerPool
+from keyshift.controller.core.reconcile import Desired, decide
+from keyshift.controller.core.records import RecordStore
+from keyshift.controller.core.rescale import Deadlines, Rescale
+from keyshift.runtime.config import StreamJobSpec
+from keyshift.store.protocol import Assignment, StateStore, StoreError
+
+log = logging.getLogger("keyshift.controller")
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    failover_after: float = 3.0
+    tick_seconds: float = 0.2
+    deadlines: Deadlines = field(default_factory=Deadlines)
+    standby_workers: int = 0
+    """Workers kept running beyond the parallelism, owning nothing (``standbyWorkers``)."""
+
+    @classmethod
+    def for_spec(
+        cls, spec: StreamJobSpec, *, failover_after: float | None = None
+    ) -> ControllerSettings:
+        """The spec's timings (``failover_after`` overrides the spec's)."""
+        return cls(
+            failover_after=failover_after or spec.failover_after,
+            deadlines=Deadlines(handoff_seconds=spec.handoff_timeout),
+            standby_workers=spec.standby_workers,
+        )
+
+
+STORE_STALL_SECONDS = 1.0
+"""A store call that took longer than this counts as a store outage ending now."""
+
+
+def workers_needed(
+    assignment: Assignment | None, current: Rescale | None, standby: int = 0
+) -> set[int]:
+    """Ordinals that must be running (or restarting) now: the assignment's workers and
+    ``standby`` more, which own nothing until a scale-up takes them."""
+    needed = set() if assignment is None else set(range(assignment.parallelism + standby))
+    if current is not None:
+        if current.phase in ("starting_workers", "publishing"):
+            needed |= set(range(current.from_parallelism))
+        elif current.phase == "handing_off":
+            needed |= set(range(max(current.from_parallelism, current.to_parallelism)))
+    return needed
+
+
+class Controller:
+    def __init__(
+        self,
+        job: str,
+        key_groups: int,
+        store: StateStore,
+        pool: WorkerPool,
+        records: RecordStore,
+        *,
+        desired: Callable[[], Desired],
+        load: Callable[[], Sequence[float] | None] | None = None,
+        settings: ControllerSettings | None = None,
+        on_event: EventSink | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.job = job
+        self.key_groups = key_groups
+        self.store = store
+        self.pool = pool
+        self.desired = desired
+        self.load = load or (lambda: None)
+        """The measured load per key group (records/s over the metrics window), or None:
+        it shapes the ranges of a rescale, never starts one."""
+        self.settings = settings or ControllerSettings()
+        self.on_event = on_event or (lambda kind, msg: None)
+        self.clock = clock
+        self.executor = RescaleExecutor(
+            job, store, pool, records, records.load(),
+            deadlines=self.settings.deadlines, on_event=self.on_event, clock=clock,
+        )  # fmt: skip
+        self.assignment: Assignment | None = None
+        self.last_error: str | None = None
+        self.store_ok_since: float = clock()
+        """When the controller last regained the store (or started): failover waits."""
+        self._store_down = False
+
+    async def tick(self) -> None:
+        asked = self.clock()
+        self.assignment = await self.store.get_assignment(self.job)
+        # the store was away if the call failed before, or if it hung (a stalled connection
+        # is waited out inside the client's retries, no error ever reaches this loop)
+        if self._store_down or self.clock() - asked > STORE_STALL_SECONDS:
+            self._store_down = False
+            self.store_ok_since = self.clock()
+            self.on_event("Normal", "state store reachable again")
+        current = self.executor.record.current
+        needed = workers_needed(self.assignment, current, self.settings.standby_workers)
+        running = await self.pool.workers()
+        missing = sorted(needed - set(running))
+        if missing:
+            await self.pool.start(missing)
+            running = await self.pool.workers()
+        if current is not None:
+            await self.executor.advance()
+            return
+        await self.executor.follow_up()
+        try:
+            rescale = decide(
+                self.job, self.key_groups, self.assignment, running, self.desired(),
+                self.clock(), self.settings.failover_after, self.store_ok_since, self.load(),
+                self.settings.standby_workers,
+            )  # fmt: skip
+        except ValueError as exc:  # e.g. a desired parallelism above the key group count
+            self._error(str(exc))
+            return
+        if rescale is not None:
+            await self.executor.begin(rescale)
+            await self.executor.advance()
+
+    def _error(self, message: str) -> None:
+        if message != self.last_error:
+            self.on_event("Warning", message)
+        self.last_error = message
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick until ``stop`` is set; store outages are waited out, not fatal."""
+        while not stop.is_set():
+            try:
+                await self.tick()
+                self.last_error = None
+            except StoreError as exc:
+                self._store_down = True
+                self._error(f"state store: {exc}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.tick_seconds)

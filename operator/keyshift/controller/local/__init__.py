@@ -1,0 +1,1 @@
+"""``keyshift run``: the local job runner, its worker processes and the live view."""

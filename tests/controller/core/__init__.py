@@ -1,0 +1,1 @@
+"""The controller's core (``keyshift.controller.core``)."""

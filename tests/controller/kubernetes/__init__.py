@@ -1,0 +1,1 @@
+"""The operator's pure parts and the CRD (``keyshift.controller.kubernetes``)."""

@@ -1,0 +1,1 @@
+"""``keyshift run`` (``keyshift.controller.local``) and the CLI, as a user runs them."""
