@@ -972,12 +972,17 @@ def validation_message(exc: ValidationError, prefix: str = "spec.") -> str:
     return "; ".join(parts)
 
 
-def validate_spec(raw: Any) -> StreamJobSpec | str:
-    """The parsed spec, or why it is invalid (:func:`validation_message`)."""
+class InvalidSpec(ValueError):
+    """A StreamJob spec that cannot run; the message says why, field by field."""
+
+
+def validate_spec(raw: Any) -> StreamJobSpec:
+    """The parsed spec; :class:`InvalidSpec` saying why it is invalid
+    (:func:`validation_message`)."""
     try:
         return StreamJobSpec.model_validate(dict(raw))
     except ValidationError as exc:
-        return validation_message(exc)
+        raise InvalidSpec(validation_message(exc)) from None
 
 
 class DuplicateKeyError(yaml.YAMLError):

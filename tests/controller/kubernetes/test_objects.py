@@ -465,7 +465,8 @@ def test_every_secret_the_template_names_needs_the_label() -> None:
 def test_the_model_refuses_a_template_that_would_relax_or_break_the_pod(
     template: dict[str, Any], message: str
 ) -> None:
-    from keyshift.runtime.config import validate_spec
+    from keyshift.runtime.config import InvalidSpec, validate_spec
 
-    problem = validate_spec(body(podTemplate=template)["spec"])
-    assert isinstance(problem, str) and message in problem, problem
+    with pytest.raises(InvalidSpec) as refused:
+        validate_spec(body(podTemplate=template)["spec"])
+    assert message in str(refused.value), refused.value

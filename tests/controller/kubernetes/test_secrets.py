@@ -19,6 +19,7 @@ from keyshift.controller.kubernetes.api import (
     SECRET_LABEL,
     KubeApi,
     RefusedSecret,
+    SecretKeyMissing,
     SecretNotAllowed,
     secret_allowed,
     secret_refusal,
@@ -152,7 +153,7 @@ async def test_the_api_reads_only_labelled_secrets(k8s: KubernetesEmulator, api:
         await api.read_secret_key("default", "absent", "password", "stateStore.secretRef")
     assert info.value.refused[0].missing
     assert await api.read_secret_key("default", "opted-in", "password", "x") == "hunter2"
-    with pytest.raises(KeyError):
+    with pytest.raises(SecretKeyMissing, match="has no key 'token'"):
         await api.read_secret_key("default", "opted-in", "token", "x")
 
 

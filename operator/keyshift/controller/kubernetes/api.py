@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -29,8 +30,59 @@ SECRET_LABEL: Final = "keyshift.dev/streamjob-secret"
 StreamJobs; the operator refuses every other Secret a StreamJob names."""
 
 
-class KubeUnavailable(Exception):
+class KubeError(Exception):
+    """An error of the Kubernetes side.  The ``kubernetes`` client's own exceptions are
+    translated into this tree here, at the client's boundary, and never pass it."""
+
+
+class KubeUnavailable(KubeError):
     """No Kubernetes API to talk to: no credentials, or the API server does not answer."""
+
+
+class ApiError(KubeError):
+    """The API server refused a request: ``status`` is its HTTP status, ``reason`` its
+    reason (``NotFound``, ``Conflict``, ``Forbidden``, ...)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        self.status = status
+        self.reason = reason
+        super().__init__(f"Kubernetes API: {status} {reason}: {message}")
+
+
+class NotFound(ApiError):
+    """404: the object does not exist."""
+
+
+class Conflict(ApiError):
+    """409: the object exists already, or changed meanwhile."""
+
+
+class SecretKeyMissing(KubeError):
+    """A Secret the StreamJob names (and that opts in) lacks the key it must hold."""
+
+
+def api_error(exc: ApiException) -> ApiError:
+    """The client's :class:`ApiException` as an :class:`ApiError` of its status."""
+    status = int(exc.status or 0)
+    message = _api_message(exc)
+    kind = {404: NotFound, 409: Conflict}.get(status, ApiError)
+    return kind(status, str(exc.reason or ""), message)
+
+
+def _api_message(exc: ApiException) -> str:
+    """The ``message`` of the API server's Status body, else the body itself (cut short)."""
+    body = exc.body
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    if isinstance(body, str) and body:
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            return body[:300]
+        if isinstance(parsed, dict) and isinstance(parsed.get("message"), str):
+            return str(parsed["message"])
+        return body[:300]
+    return ""
 
 
 @dataclass(frozen=True)
@@ -44,7 +96,7 @@ class RefusedSecret:
     """True: it does not exist (else: it lacks the label)."""
 
 
-class SecretNotAllowed(Exception):
+class SecretNotAllowed(KubeError):
     """Secrets a StreamJob names but that do not opt in with :data:`SECRET_LABEL` (or do
     not exist): the operator neither reads them nor mounts them into the workers, since
     whoever may create a StreamJob would otherwise have any Secret of the namespace sent
@@ -128,7 +180,11 @@ class KubeApi:
         self.custom = kubernetes.client.CustomObjectsApi(self.client)
 
     async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
-        result = await asyncio.to_thread(fn, *args, **kwargs)
+        """Call the client in a thread; its :class:`ApiException` becomes an :class:`ApiError`."""
+        try:
+            result = await asyncio.to_thread(fn, *args, **kwargs)
+        except ApiException as exc:
+            raise api_error(exc) from None
         out: Obj = self.client.sanitize_for_serialization(result)  # type: ignore[no-untyped-call]
         return out
 
@@ -164,10 +220,8 @@ class KubeApi:
         _, read, _ = self._ops(kind)
         try:
             return await self._call(read, name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        except NotFound:
+            return None
 
     async def create(self, obj: Obj) -> Obj:
         create, _, _ = self._ops(obj["kind"])
@@ -195,21 +249,20 @@ class KubeApi:
         (also when it does not exist). ``use``: where the StreamJob names it."""
         try:
             secret = await self._call(self.core.read_namespaced_secret, name, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                missing = RefusedSecret(name, use, missing=True)
-                raise SecretNotAllowed(namespace, [missing]) from None
-            raise
+        except NotFound:
+            missing = RefusedSecret(name, use, missing=True)
+            raise SecretNotAllowed(namespace, [missing]) from None
         if not secret_allowed(secret):
             raise SecretNotAllowed(namespace, [RefusedSecret(name, use)])
         return secret
 
     async def read_secret_key(self, namespace: str, name: str, key: str, use: str) -> str:
-        """A key of a Secret that opts in (:meth:`read_allowed_secret`); KeyError if absent."""
+        """A key of a Secret that opts in (:meth:`read_allowed_secret`);
+        :class:`SecretKeyMissing` if absent."""
         secret = await self.read_allowed_secret(namespace, name, use)
         data = (secret.get("data") or {}).get(key)
         if data is None:
-            raise KeyError(f"Secret {namespace}/{name} has no key {key!r}")
+            raise SecretKeyMissing(f"Secret {namespace}/{name} ({use}) has no key {key!r}")
         return base64.b64decode(data).decode()
 
     # -- the StreamJob ------------------------------------------------------------------
@@ -219,10 +272,8 @@ class KubeApi:
             return await self._call(
                 self.custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
             )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        except NotFound:
+            return None
 
     async def patch_job_status(self, namespace: str, name: str, status: Obj) -> Obj:
         return await self._call(

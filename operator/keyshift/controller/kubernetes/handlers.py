@@ -39,7 +39,7 @@ from keyshift.controller.kubernetes.objects import (
     JOB_LABEL,
     WORKER_APP,
 )
-from keyshift.runtime.config import GROUP, PLURAL, VERSION
+from keyshift.runtime.config import GROUP, PLURAL, VERSION, InvalidSpec
 
 log = logging.getLogger("keyshift.operator")
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -81,8 +81,9 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.update(*RESOURCE, field="spec")
 async def apply(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     raw = dict(body)
-    spec = check_spec(raw.get("spec") or {})
-    if isinstance(spec, str):
+    try:
+        spec = check_spec(raw.get("spec") or {})
+    except InvalidSpec:
         return  # the daemon reports it in status; fixing the spec calls this again
     try:
         changes = await apply_owned_objects(_api(memo), raw, spec)

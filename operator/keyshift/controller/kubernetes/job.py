@@ -24,8 +24,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from keyshift.controller.autoscaling.decision import Decision
 from keyshift.controller.autoscaling.metrics.base import (
     FailedKeyGroup,
@@ -46,9 +44,12 @@ from keyshift.controller.core.records import ControllerRecord
 from keyshift.controller.core.status import finished as input_finished
 from keyshift.controller.kubernetes.api import (
     SECRET_LABEL,
+    Conflict,
     KubeApi,
+    KubeError,
     Obj,
     RefusedSecret,
+    SecretKeyMissing,
     SecretNotAllowed,
 )
 from keyshift.controller.kubernetes.objects import drift, label_selector, owned_objects, secret_refs
@@ -60,7 +61,7 @@ from keyshift.controller.kubernetes.status import (
     record_to_status,
     refused_status,
 )
-from keyshift.runtime.config import StreamJobSpec, validate_spec
+from keyshift.runtime.config import InvalidSpec, StreamJobSpec, validate_spec
 from keyshift.store import StateStore, StoreError, open_store
 
 log = logging.getLogger("keyshift.operator")
@@ -91,12 +92,13 @@ def kubernetes_problem(spec: StreamJobSpec) -> str | None:
     return None
 
 
-def check_spec(raw: Mapping[str, Any]) -> StreamJobSpec | str:
-    """The parsed spec, or why it cannot run on Kubernetes."""
+def check_spec(raw: Mapping[str, Any]) -> StreamJobSpec:
+    """The parsed spec; :class:`InvalidSpec` saying why it cannot run on Kubernetes."""
     checked = validate_spec(raw)
-    if isinstance(checked, str):
-        return checked
-    return kubernetes_problem(checked) or checked
+    problem = kubernetes_problem(checked)
+    if problem is not None:
+        raise InvalidSpec(problem)
+    return checked
 
 
 def event_reason(message: str) -> str:
@@ -149,9 +151,7 @@ async def apply_owned_objects(api: KubeApi, body: Obj, spec: StreamJobSpec) -> l
                 await api.create(desired)
                 changed.append(f"created {kind} {name}")
                 continue
-            except ApiException as exc:
-                if exc.status != 409:  # 409: created meanwhile (the daemon and a handler race)
-                    raise
+            except Conflict:  # created meanwhile (the daemon and a handler race)
                 actual = await api.read(kind, namespace, name)
                 if actual is None:
                     raise
@@ -171,7 +171,7 @@ async def open_job_store(api: KubeApi, namespace: str, spec: StreamJobSpec) -> S
         secret = spec.state_store.secret_ref
         password = await api.read_secret_key(namespace, secret, "password", "stateStore.secretRef")
         # the CA of a TLS store with its own (the chart's managed Valkey), if any
-        with contextlib.suppress(KeyError):
+        with contextlib.suppress(SecretKeyMissing):
             ca_data = await api.read_secret_key(namespace, secret, "ca.crt", "stateStore.secretRef")
     return open_store(url, password=password, ca_data=ca_data)
 
@@ -214,7 +214,7 @@ class JobRunner:
                 try:
                     await self.tick()
                     self.error = None
-                except (StoreError, ApiException, OSError, ValueError, KeyError) as exc:
+                except (StoreError, KubeError, OSError, ValueError) as exc:
                     self._fail(f"{type(exc).__name__}: {exc}")
                 await stopped.wait(TICK_SECONDS)
         finally:
@@ -231,9 +231,10 @@ class JobRunner:
         self.error = message
 
     async def tick(self) -> None:
-        checked = check_spec(self.body.get("spec") or {})
-        if isinstance(checked, str):
-            await self._report_invalid(checked)
+        try:
+            checked = check_spec(self.body.get("spec") or {})
+        except InvalidSpec as invalid:
+            await self._report_invalid(str(invalid))
             if self.spec is None:
                 return  # never deployed: nothing runs
             # A job that runs keeps running as its last valid spec says: failover and
@@ -462,9 +463,12 @@ async def stop_job(api: KubeApi, namespace: str, name: str) -> None:
 
 
 async def delete_job_state(api: KubeApi, namespace: str, name: str, raw_spec: Obj) -> int:
-    spec = validate_spec(raw_spec)
-    if isinstance(spec, str):
-        raise ValueError(f"cannot delete the state of a job with an invalid spec: {spec}")
+    try:
+        spec = validate_spec(raw_spec)
+    except InvalidSpec as invalid:
+        raise InvalidSpec(
+            f"cannot delete the state of a job with an invalid spec: {invalid}"
+        ) from None
     store = await open_job_store(api, namespace, spec)
     try:
         return await store.delete_job(name)

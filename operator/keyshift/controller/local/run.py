@@ -67,6 +67,7 @@ from keyshift.controller.local.pool import LocalWorkerPool, pid_alive, stop_pid
 from keyshift.controller.local.view import log_line, render
 from keyshift.runtime.config import (
     DuplicateKeyError,
+    InvalidSpec,
     LogSink,
     StreamJob,
     ordinal_of,
@@ -117,9 +118,10 @@ def check_manifest(
         raise InvalidManifest(path, f"not YAML: {exc}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("spec") or {}, dict):
         raise InvalidManifest(path, "a StreamJob is a mapping: apiVersion, kind, metadata, spec")
-    spec = validate_spec(raw.get("spec") or {})
-    if isinstance(spec, str):
-        raise InvalidManifest(path, spec)
+    try:
+        spec = validate_spec(raw.get("spec") or {})
+    except InvalidSpec as invalid:
+        raise InvalidManifest(path, str(invalid)) from None
     try:
         manifest = StreamJob.model_validate({**raw, "spec": spec})
     except ValidationError as exc:
