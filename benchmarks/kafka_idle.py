@@ -25,9 +25,8 @@ from examples.counter import job as counter_job
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime import kafka
 from keyshift.runtime.config import StreamJob, settings_from
-from keyshift.runtime.store import MemoryStore
 from keyshift.runtime.worker import Worker
-from keyshift.store import Assignment
+from keyshift.store import Assignment, MemoryStore
 from tests.kafka_broker import KafkaBroker
 from tests.support import wait_for
 

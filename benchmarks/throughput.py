@@ -7,7 +7,7 @@ from a Kafka topic.
 The same worker (cache, checkpoints, commits every ``checkpointInterval``)
 runs the counter job over the generator with Zipf-distributed keys, once
 against a real Valkey on loopback and once against
-:class:`keyshift.runtime.store.MemoryStore` (the ceiling: a "commit" is a dict
+:class:`keyshift.store.MemoryStore` (the ceiling: a "commit" is a dict
 update).  After a warm-up (the cache fills), it measures records/s until every
 record is processed and committed, and the cache hit ratio over the same
 window.  The Kafka row runs the same worker against Valkey but reads the same
@@ -43,9 +43,9 @@ from examples.counter import job as counter_job
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.config import GeneratorSource, StreamJob, settings_from
 from keyshift.runtime.sinks import NullSinkWriter
-from keyshift.runtime.store import MemoryStore, WorkerStore
+from keyshift.runtime.store import WorkerStore
 from keyshift.runtime.worker import Worker
-from keyshift.store import Assignment, open_store
+from keyshift.store import Assignment, MemoryStore, open_store
 from keyshift.store.server import LocalServer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "throughput.json"
@@ -410,7 +410,7 @@ null sink) runs `examples/counter.py` (two ValueStates per key) over the generat
 the first {s["warmup_fraction"]:.0%} not measured (cache warm-up); cache
 {s["cache_bytes"] // 2**20} MiB, checkpointInterval {s["checkpoint_interval_seconds"]} s, batch
 {s["batch_size"]}. Remote: Valkey standalone on loopback (AOF everysec); in-process:
-`keyshift.runtime.store.MemoryStore` (same worker, same cache; a commit is a dict update).
+`keyshift.store.MemoryStore` (same worker, same cache; a commit is a dict update).
 Medians of {rounds} alternating rounds; CPython {s["python"]}, {s["machine"]}.
 
 Records per CPU second = records measured / the worker process's CPU time (user + system, all

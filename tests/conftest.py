@@ -15,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from keyshift.runtime.store import MemoryStore
-from keyshift.store import RedisStateStore, open_store
+from keyshift.store import MemoryStore, RedisStateStore, open_store
 from keyshift.store.server import LocalCluster, LocalServer
 from tests.controller.local.localjob import LocalJob
 from tests.kafka_broker import KafkaBroker

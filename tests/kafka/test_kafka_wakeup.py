@@ -16,9 +16,8 @@ from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime import kafka, keygroup
 from keyshift.runtime.config import KafkaSource, StreamJob, settings_from
 from keyshift.runtime.kafka import KafkaRecordSource
-from keyshift.runtime.store import MemoryStore
 from keyshift.runtime.worker import Worker
-from keyshift.store import Assignment
+from keyshift.store import Assignment, MemoryStore
 from tests.kafka_broker import KafkaBroker
 from tests.support import wait_for
 

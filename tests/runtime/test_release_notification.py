@@ -18,9 +18,8 @@ from typing import Any
 
 from examples.counter import job as counter_job
 from keyshift.runtime.config import StreamJob, settings_from
-from keyshift.runtime.store import MemoryStore
 from keyshift.runtime.worker import Worker
-from keyshift.store import Assignment, Claim, keys
+from keyshift.store import Assignment, Claim, MemoryStore, keys
 from tests.support import wait_for
 
 KEY_GROUPS = 2

@@ -18,7 +18,7 @@ from keyshift.runtime.api import Context, Job, ListState, ValueState, encode_key
 from keyshift.runtime.config import StreamJob, settings_from
 from keyshift.runtime.faults import ENV
 from keyshift.runtime.sources.generator import Event, Generator
-from keyshift.runtime.store import MemoryStore, read_entries
+from keyshift.runtime.store import read_entries
 from keyshift.runtime.timers import (
     END_OF_TIME,
     EVENT_TIME,
@@ -29,7 +29,7 @@ from keyshift.runtime.timers import (
     timer_member,
 )
 from keyshift.runtime.worker import Worker
-from keyshift.store import Assignment, RedisStateStore, open_store
+from keyshift.store import Assignment, MemoryStore, RedisStateStore, open_store
 from keyshift.store.protocol import Timer, TimerChanges
 from keyshift.store.server import LocalServer
 from tests.support import WorkerProcess, write_manifest

@@ -19,7 +19,6 @@ from keyshift.runtime.api import Job, load_job
 from keyshift.runtime.config import GeneratorSource, StreamJob, load_manifest, settings_from
 from keyshift.runtime.expected import revenue_per_minute_results, sessions_results
 from keyshift.runtime.sources.generator import Event
-from keyshift.runtime.store import MemoryStore
 from keyshift.runtime.testing import JobHarness, PendingTimer
 from keyshift.runtime.timers import END_OF_TIME
 from keyshift.runtime.windows import (
@@ -37,7 +36,7 @@ from keyshift.runtime.windows import (
     window_job,
 )
 from keyshift.runtime.worker import Worker
-from keyshift.store import Assignment
+from keyshift.store import Assignment, MemoryStore
 from tests.support import REPO, wait_for
 
 # -- pure: assigners, merging, aggregates ------------------------------------------------

@@ -20,10 +20,9 @@ from keyshift.runtime.config import StreamJob, settings_from
 from keyshift.runtime.expected import counter_state_encoded
 from keyshift.runtime.sinks import Origin
 from keyshift.runtime.sources.generator import Generator
-from keyshift.runtime.store import MemoryStore
 from keyshift.runtime.windows import Reduce, Tumbling, window_job
 from keyshift.runtime.worker import Worker
-from keyshift.store import Assignment
+from keyshift.store import Assignment, MemoryStore
 from tests.runtime import jobs
 from tests.runtime.test_window_jobs import Identity, assert_deduplicable
 from tests.support import wait_for

@@ -1,13 +1,16 @@
 """The conformance suite every state store backend must pass.
 
-Each test runs twice, against a real standalone Valkey/Redis and against a
-real 3-master Redis Cluster (the ``store`` fixture); the operations the worker
-uses in a handoff also against the in-process ``MemoryStore`` (``worker_store``).
+Each test runs three times (the ``store`` fixture of this module, or ``worker_store``):
+against a real standalone Valkey/Redis, a real 3-master Redis Cluster and the
+in-process ``MemoryStore``.  The tests that edit the Redis keys directly, as a fault
+would (through :func:`raw`: lost or garbled metadata, a generation written behind the
+notification's back), are Redis-specific: they are skipped for ``MemoryStore``.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +19,36 @@ import pytest
 from keyshift.store import (
     Assignment,
     Fenced,
+    MemoryStore,
     RedisStateStore,
     StaleClaim,
     StaleGeneration,
+    StateStore,
     StoreCorrupt,
     Timer,
     TimerChanges,
     keys,
+    open_store,
 )
 from keyshift.store.savepoint import export_job, import_job
 
 
+@pytest.fixture(params=["standalone", "cluster", "memory"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
+    """Each backend in turn: Valkey/Redis standalone, Redis Cluster, ``MemoryStore``."""
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    server = request.getfixturevalue(
+        "standalone_server" if request.param == "standalone" else "cluster_servers"
+    )
+    s = open_store(server.url, retry_seconds=10)
+    yield s
+    await s.close()
+
+
 async def test_claim_increments_epoch_and_returns_committed_position(
-    store: RedisStateStore, job: str
+    store: StateStore, job: str
 ) -> None:
     first = await store.claim(job, 3, "w0")
     assert (first.epoch, first.seq, first.position, first.watermark) == (1, 0, 0, None)
@@ -42,7 +62,7 @@ async def test_claim_increments_epoch_and_returns_committed_position(
 
 
 async def test_commit_applies_puts_deletes_position_and_advances_sequence(
-    store: RedisStateStore, job: str
+    store: StateStore, job: str
 ) -> None:
     c = await store.claim(job, 0, "w0")
     r1 = await store.commit(
@@ -75,7 +95,7 @@ async def test_commit_applies_puts_deletes_position_and_advances_sequence(
     assert (info.seq, info.position, info.entries) == (2, 5, 2)
 
 
-async def test_stale_epoch_is_fenced_and_writes_nothing(store: RedisStateStore, job: str) -> None:
+async def test_stale_epoch_is_fenced_and_writes_nothing(store: StateStore, job: str) -> None:
     old = await store.claim(job, 1, "old")
     await store.commit(
         job, 1, epoch=old.epoch, token=old.token, seq=0, puts={"s": {b"k": b"v1"}}, position=1
@@ -101,9 +121,7 @@ async def test_stale_epoch_is_fenced_and_writes_nothing(store: RedisStateStore, 
     assert (info.seq, info.position, info.owner) == (1, 1, "new")
 
 
-async def test_stale_sequence_is_fenced_and_writes_nothing(
-    store: RedisStateStore, job: str
-) -> None:
+async def test_stale_sequence_is_fenced_and_writes_nothing(store: StateStore, job: str) -> None:
     c = await store.claim(job, 2, "w")
     await store.commit(job, 2, epoch=c.epoch, token=c.token, seq=0, position=10)
     await store.commit(job, 2, epoch=c.epoch, token=c.token, seq=1, position=20)
@@ -124,9 +142,7 @@ async def test_stale_sequence_is_fenced_and_writes_nothing(
     assert (await store.key_group_info(job, 2)).position == 20
 
 
-async def test_another_commit_with_a_used_sequence_is_fenced(
-    store: RedisStateStore, job: str
-) -> None:
+async def test_another_commit_with_a_used_sequence_is_fenced(store: StateStore, job: str) -> None:
     """Only a retry of the very commit the store applied (its reply lost) is answered
     "replayed" (tests/faults/test_lost_reply.py); any other commit with that sequence,
     even one with the same content, is fenced and writes nothing."""
@@ -146,16 +162,14 @@ async def test_another_commit_with_a_used_sequence_is_fenced(
     assert await store.get_many(job, 0, "s", [b"a", b"b"]) == {b"a": b"1"}
 
 
-async def test_same_epoch_number_with_another_token_is_fenced(
-    store: RedisStateStore, job: str
-) -> None:
+async def test_same_epoch_number_with_another_token_is_fenced(store: StateStore, job: str) -> None:
     """A fence is (epoch, token): guessing the epoch number is not enough."""
     c = await store.claim(job, 0, "w")
     with pytest.raises(Fenced):
         await store.commit(job, 0, epoch=c.epoch, token="f" * 32, seq=0, position=5)
 
 
-async def test_concurrent_claimers_exactly_one_can_commit(store: RedisStateStore, job: str) -> None:
+async def test_concurrent_claimers_exactly_one_can_commit(store: StateStore, job: str) -> None:
     claims = await asyncio.gather(*(store.claim(job, 4, f"w{i}") for i in range(8)))
     assert sorted(c.epoch for c in claims) == list(range(1, 9))
 
@@ -178,7 +192,7 @@ async def test_concurrent_claimers_exactly_one_can_commit(store: RedisStateStore
 
 
 async def test_release_marks_generation_and_fences_the_releaser(
-    store: RedisStateStore, job: str
+    store: StateStore, job: str
 ) -> None:
     c = await store.claim(job, 5, "w0", generation=1)
     await store.commit(job, 5, epoch=c.epoch, token=c.token, seq=0, position=8)
@@ -197,7 +211,7 @@ async def test_release_marks_generation_and_fences_the_releaser(
         await store.release(job, 5, epoch=c.epoch, token=c.token, generation=3)
 
 
-async def test_owners_names_each_key_groups_holder(store: RedisStateStore, job: str) -> None:
+async def test_owners_names_each_key_groups_holder(store: StateStore, job: str) -> None:
     await store.init_job(job, 8)
     c = await store.claim(job, 1, "w0", generation=1)
     await store.claim(job, 2, "w1", generation=1)
@@ -206,7 +220,7 @@ async def test_owners_names_each_key_groups_holder(store: RedisStateStore, job: 
     assert await store.owners(job, [1, 2]) == {1: "", 2: "w1"}
 
 
-async def test_large_commit_is_atomic_and_complete(store: RedisStateStore, job: str) -> None:
+async def test_large_commit_is_atomic_and_complete(store: StateStore, job: str) -> None:
     c = await store.claim(job, 0, "w")
     puts = {f"k{i}".encode(): f"v{i}".encode() * 10 for i in range(10_000)}
     await store.commit(job, 0, epoch=c.epoch, token=c.token, seq=0, puts={"s": puts}, position=1)
@@ -217,9 +231,7 @@ async def test_large_commit_is_atomic_and_complete(store: RedisStateStore, job: 
     assert (await store.key_group_info(job, 0)).entries == 5_000
 
 
-async def test_scan_by_prefix_returns_each_matching_entry_once(
-    store: RedisStateStore, job: str
-) -> None:
+async def test_scan_by_prefix_returns_each_matching_entry_once(store: StateStore, job: str) -> None:
     c = await store.claim(job, 0, "w")
     entries = {b"user:1:" + str(i).encode(): b"a" for i in range(500)}
     entries |= {b"user:2:" + str(i).encode(): b"b" for i in range(300)}
@@ -234,7 +246,7 @@ async def test_scan_by_prefix_returns_each_matching_entry_once(
     assert dict(everything) == entries and len(everything) == len(entries)
 
 
-async def test_timers_are_ordered_by_time_and_removable(store: RedisStateStore, job: str) -> None:
+async def test_timers_are_ordered_by_time_and_removable(store: StateStore, job: str) -> None:
     c = await store.claim(job, 0, "w")
     add = [Timer(t, f"t{t}".encode()) for t in (500, 100, 300, 200, 400)]
     await store.commit(
@@ -253,7 +265,7 @@ async def test_timers_are_ordered_by_time_and_removable(store: RedisStateStore, 
     assert (await store.key_group_info(job, 0)).timers == 4
 
 
-async def test_job_info_is_written_once(store: RedisStateStore, job: str) -> None:
+async def test_job_info_is_written_once(store: StateStore, job: str) -> None:
     first = await store.init_job(job, 16)
     again = await store.init_job(job, 32)
     assert again == first
@@ -262,7 +274,7 @@ async def test_job_info_is_written_once(store: RedisStateStore, job: str) -> Non
         await store.init_job("Bad/Name", 4)
 
 
-async def test_assignment_publish_is_compare_and_set(store: RedisStateStore, job: str) -> None:
+async def test_assignment_publish_is_compare_and_set(store: StateStore, job: str) -> None:
     assert await store.get_assignment(job) is None
     g1 = Assignment(generation=1, parallelism=2, owners=(0, 0, 1, 1))
     await store.publish_assignment(job, g1, expected_generation=0)
@@ -280,9 +292,7 @@ async def test_assignment_publish_is_compare_and_set(store: RedisStateStore, job
         await store.publish_assignment(job, Assignment(2, 2, (0, 1, 0, 1)), expected_generation=1)
 
 
-async def test_watchers_are_notified_of_each_new_generation(
-    store: RedisStateStore, job: str
-) -> None:
+async def test_watchers_are_notified_of_each_new_generation(store: StateStore, job: str) -> None:
     await store.publish_assignment(job, Assignment(1, 1, (0, 0)), expected_generation=0)
     # a long poll interval: a prompt answer proves the notification, not the poll
     watcher = store.watch_assignment(job, poll_interval=30.0)
@@ -293,26 +303,25 @@ async def test_watchers_are_notified_of_each_new_generation(
     await watcher.aclose()
 
 
-async def test_watch_falls_back_to_polling(store: RedisStateStore, job: str) -> None:
+async def test_watch_falls_back_to_polling(store: StateStore, job: str) -> None:
     """A generation written behind the notification's back is still seen."""
-    from keyshift.store import keys
-
+    client = raw(store)
     watcher = store.watch_assignment(job, poll_interval=0.2)
     first = asyncio.ensure_future(anext(watcher))
     await store.publish_assignment(job, Assignment(1, 1, (0,)), expected_generation=0)
     assert (await asyncio.wait_for(first, 5)).generation == 1
     nxt = asyncio.ensure_future(anext(watcher))
     # write generation 2 directly, without a notification
-    raw = await store._client.hget(keys.assignment(job), "payload")
-    await store._client.hset(
+    payload = await client.hget(keys.assignment(job), "payload")
+    await client.hset(
         keys.assignment(job),
-        mapping={"generation": 2, "payload": raw.replace(b'"generation":1', b'"generation":2')},
+        mapping={"generation": 2, "payload": payload.replace(b'"generation":1', b'"generation":2')},
     )
     assert (await asyncio.wait_for(nxt, 5)).generation == 2
     await watcher.aclose()
 
 
-async def test_worker_generation_acknowledgements(store: RedisStateStore, job: str) -> None:
+async def test_worker_generation_acknowledgements(store: StateStore, job: str) -> None:
     await store.ack_generation(job, "0", 3)
     await store.ack_generation(job, "1", 2)
     await store.ack_generation(job, "1", 3)
@@ -321,7 +330,7 @@ async def test_worker_generation_acknowledgements(store: RedisStateStore, job: s
     assert await store.worker_generations(job) == {"0": 3}
 
 
-async def _fill(store: RedisStateStore, job: str, key_groups: int) -> None:
+async def _fill(store: StateStore, job: str, key_groups: int) -> None:
     await store.init_job(job, key_groups)
     await store.publish_assignment(
         job, Assignment(1, 1, tuple(0 for _ in range(key_groups))), expected_generation=0
@@ -337,9 +346,7 @@ async def _fill(store: RedisStateStore, job: str, key_groups: int) -> None:
         )  # fmt: skip
 
 
-async def test_list_key_groups_shows_owner_position_and_size(
-    store: RedisStateStore, job: str
-) -> None:
+async def test_list_key_groups_shows_owner_position_and_size(store: StateStore, job: str) -> None:
     await _fill(store, job, 4)
     listing = await store.list_key_groups(job)
     assert [(i.key_group, i.owner, i.position, i.entries, i.timers) for i in listing] == [
@@ -347,7 +354,7 @@ async def test_list_key_groups_shows_owner_position_and_size(
     ]
 
 
-async def test_delete_job_removes_only_that_job(store: RedisStateStore, job: str) -> None:
+async def test_delete_job_removes_only_that_job(store: StateStore, job: str) -> None:
     other = job + "-other"
     await _fill(store, job, 3)
     await _fill(store, other, 2)
@@ -361,7 +368,7 @@ async def test_delete_job_removes_only_that_job(store: RedisStateStore, job: str
     await store.delete_job(other)
 
 
-async def test_export_import_round_trip(store: RedisStateStore, job: str, tmp_path: Path) -> None:
+async def test_export_import_round_trip(store: StateStore, job: str, tmp_path: Path) -> None:
     await _fill(store, job, 4)
     path = tmp_path / "savepoint.ks"
     exported = await export_job(store, job, path)
@@ -383,7 +390,7 @@ async def test_export_import_round_trip(store: RedisStateStore, job: str, tmp_pa
 
 
 async def test_import_refuses_a_job_that_has_state(
-    store: RedisStateStore, job: str, tmp_path: Path
+    store: StateStore, job: str, tmp_path: Path
 ) -> None:
     await _fill(store, job, 2)
     path = tmp_path / "sp.ks"
@@ -395,12 +402,15 @@ async def test_import_refuses_a_job_that_has_state(
 # -- integrity: what a store that lost or garbled data must not let through --------------
 
 
-def raw(store: RedisStateStore) -> Any:
-    """The backend's own client, to edit the store's keys as a fault would."""
+def raw(store: StateStore) -> Any:
+    """The Redis backend's own client, to edit the store's keys as a fault would (a
+    test using it is skipped for the other backends)."""
+    if not isinstance(store, RedisStateStore):
+        pytest.skip("edits Redis keys directly")
     return store._client
 
 
-async def test_a_claim_on_an_older_assignment_is_refused(store: RedisStateStore, job: str) -> None:
+async def test_a_claim_on_an_older_assignment_is_refused(store: StateStore, job: str) -> None:
     c = await store.claim(job, 0, "w0", generation=3)
     with pytest.raises(StaleClaim) as stale:
         await store.claim(job, 0, "w1", generation=2)
@@ -413,9 +423,7 @@ async def test_a_claim_on_an_older_assignment_is_refused(store: RedisStateStore,
     assert (await store.claim(job, 0, "w1", generation=5)).epoch == c.epoch + 1
 
 
-async def test_state_without_metadata_is_refused_not_restarted(
-    store: RedisStateStore, job: str
-) -> None:
+async def test_state_without_metadata_is_refused_not_restarted(store: StateStore, job: str) -> None:
     """The metadata hash deleted (or evicted) while the state is there: a claim would
     restart the key group from position 0 and count its records twice."""
     c = await store.claim(job, 2, "w0")
@@ -434,7 +442,7 @@ async def test_state_without_metadata_is_refused_not_restarted(
 
 @pytest.mark.parametrize("field", ["epoch", "seq", "position", "claimed_generation"])
 async def test_a_garbled_metadata_field_is_named_and_nothing_is_written(
-    store: RedisStateStore, job: str, field: str
+    store: StateStore, job: str, field: str
 ) -> None:
     c = await store.claim(job, 1, "w0")
     await store.commit(job, 1, epoch=c.epoch, token=c.token, seq=0, position=3)
@@ -457,14 +465,14 @@ async def test_a_garbled_metadata_field_is_named_and_nothing_is_written(
     assert await raw(store).hgetall(keys.meta(job, 1)) == before
 
 
-async def test_metadata_of_the_wrong_type_is_corrupt(store: RedisStateStore, job: str) -> None:
+async def test_metadata_of_the_wrong_type_is_corrupt(store: StateStore, job: str) -> None:
     await raw(store).set(keys.meta(job, 1), "not a hash")
     with pytest.raises(StoreCorrupt, match="wrong type") as corrupt:
         await store.claim(job, 1, "w0", generation=1)
     assert corrupt.value.key_group == 1
 
 
-async def test_check_fence_confirms_or_fences(store: RedisStateStore, job: str) -> None:
+async def test_check_fence_confirms_or_fences(store: StateStore, job: str) -> None:
     c = await store.claim(job, 0, "w0")
     await store.commit(job, 0, epoch=c.epoch, token=c.token, seq=0, position=1)
     await store.check_fence(job, 0, epoch=c.epoch, token=c.token, seq=1)
@@ -477,7 +485,7 @@ async def test_check_fence_confirms_or_fences(store: RedisStateStore, job: str) 
     assert claimed.value.reason == "epoch"
 
 
-async def test_release_reports_the_stored_sequence(store: RedisStateStore, job: str) -> None:
+async def test_release_reports_the_stored_sequence(store: StateStore, job: str) -> None:
     """A releaser learns whether the store still holds its last commit."""
     c = await store.claim(job, 0, "w0", generation=1)
     await store.commit(job, 0, epoch=c.epoch, token=c.token, seq=0, position=1)
@@ -597,7 +605,7 @@ async def test_a_claim_says_which_states_are_stored_and_in_which_layout(
 
 
 async def test_entry_states_survive_export_and_import(
-    store: RedisStateStore, job: str, tmp_path: Path
+    store: StateStore, job: str, tmp_path: Path
 ) -> None:
     c = await store.claim(job, 0, "w")
     await store.init_job(job, 1)

@@ -1,6 +1,8 @@
-"""keyshift's remote state store: a typed protocol and its Valkey/Redis backend."""
+"""keyshift's remote state store: a typed protocol, its Valkey/Redis backend and an
+in-process backend (``MemoryStore``) for benchmarks and tests."""
 
 from keyshift.store.client import InvalidStoreURL, open_store, parse_store_url
+from keyshift.store.memory_backend import MemoryStore
 from keyshift.store.protocol import (
     NO_OWNER,
     Assignment,
@@ -34,6 +36,7 @@ __all__ = [
     "JobInfo",
     "KeyGroupDump",
     "KeyGroupInfo",
+    "MemoryStore",
     "RedisStateStore",
     "ScanPage",
     "StaleClaim",
