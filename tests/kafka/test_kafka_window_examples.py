@@ -85,9 +85,9 @@ async def test_window_example_over_kafka_is_exact_through_a_sigkill(
         await store.init_job(name, K)
         assignment = Assignment(1, 2, plan_assignment(K, 2))
         await store.publish_assignment(name, assignment, expected_generation=0)
-        # worker 0 SIGKILLs itself right before its fifth commit, its outputs produced:
-        # they are produced again by the replay after its restart
-        w0 = spawn(manifest, 0, url, http=False, env={ENV: "commit.before@5"})
+        # worker 0 SIGKILLs itself right before its second commit after windows fired, their
+        # outputs produced: they are produced again by the replay after its restart
+        w0 = spawn(manifest, 0, url, http=False, env={ENV: "commit.before.fired@2"})
         spawn(manifest, 1, url, http=False)
 
         async def every_window_closed() -> bool:

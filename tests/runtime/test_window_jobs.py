@@ -204,7 +204,7 @@ async def test_example_is_exact_through_a_sigkill_and_a_handoff(
         await store.publish_assignment(
             name, Assignment(1, 1, plan_assignment(K, 1)), expected_generation=0
         )
-        w0 = spawn(paths[0], 0, url, http=False, env={ENV: "commit.before@5"})
+        w0 = spawn(paths[0], 0, url, http=False, env={ENV: "commit.before.fired@2"})
         spawn(paths[1], 1, url, http=False)
         backlog = limit - int(TAIL * rate / K)
 

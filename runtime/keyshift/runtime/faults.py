@@ -4,8 +4,10 @@
 :func:`crash_point` kill the worker with the given probability each time it
 passes the named point; ``commit.after@3`` kills it on its third pass.  Unset
 (always, in production) it costs one test.  Points: ``commit.before`` (the commit request not sent),
-``commit.after`` (applied by the store, reply never seen), ``release.before``
-(final commit done, not released), ``release.after``, ``claim.after``.
+``commit.before.fired`` (the same, passed only by a commit that follows timer firings,
+so that their outputs are flushed and the replay writes them again), ``commit.after``
+(applied by the store, reply never seen), ``release.before`` (final commit done, not
+released), ``release.after``, ``claim.after``.
 """
 
 from __future__ import annotations

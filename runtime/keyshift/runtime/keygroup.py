@@ -519,6 +519,7 @@ class KeyGroupRunner:
         self.timers = TimerTable()
         self._timers_loaded = not self.timed
         self.timers_fired = 0
+        self._fired_at_commit = 0
         self._ctx = RecordContext(self.key_group, deps.cache, deps.job.state_names, self.watermark)
         self._entry_states = deps.job.entry_states
         self._keyed_states = [s.name for s in deps.job.states if not isinstance(s, MapState)]
@@ -1131,6 +1132,8 @@ class KeyGroupRunner:
         watermark = self.watermark.value
         started = time.perf_counter()
         crash_point("commit.before")
+        if self.timers_fired != self._fired_at_commit:
+            crash_point("commit.before.fired")
         try:
             result = await deps.store.commit(
                 deps.job_name,
@@ -1159,6 +1162,7 @@ class KeyGroupRunner:
         self.seq = result.seq
         self.committed_position = self.position
         self.committed_watermark = watermark
+        self._fired_at_commit = self.timers_fired
         self.timers.committed()
         deps.cache.committed(kg)
 
