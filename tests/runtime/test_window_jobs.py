@@ -180,8 +180,9 @@ async def test_example_is_exact_through_a_sigkill_and_a_handoff(
     tmp_path: Path,
     spawn: Callable[..., WorkerProcess],
 ) -> None:
-    """Worker 0 runs all key groups and SIGKILLs itself right before its fifth commit (its
-    outputs flushed, its open windows' state not committed: replayed after the restart);
+    """Worker 0 runs all key groups and SIGKILLs itself right before its second commit
+    after windows fired (their outputs flushed, its open windows' state not committed:
+    replayed after the restart);
     then, with input still arriving and windows open, half the key groups move to worker
     1.  Each key group's final window results and late records are exactly expected, and
     the outputs' identities tell the replayed duplicates from the real outputs."""
