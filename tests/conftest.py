@@ -98,8 +98,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture(params=["standalone", "cluster", "memory"])
 async def worker_store(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
-    """Each backend of the worker's store in turn: Valkey/Redis standalone, Redis Cluster
-    and the in-process MemoryStore."""
+    """Each store backend in turn: Valkey/Redis standalone, Redis Cluster and the
+    in-process MemoryStore."""
     if request.param == "memory":
         yield MemoryStore()
         return

@@ -10,7 +10,6 @@ notification's back), are Redis-specific: they are skipped for ``MemoryStore``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,6 @@ import pytest
 from keyshift.store import (
     Assignment,
     Fenced,
-    MemoryStore,
     RedisStateStore,
     StaleClaim,
     StaleGeneration,
@@ -28,23 +26,15 @@ from keyshift.store import (
     Timer,
     TimerChanges,
     keys,
-    open_store,
 )
 from keyshift.store.savepoint import export_job, import_job
 
 
-@pytest.fixture(params=["standalone", "cluster", "memory"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
-    """Each backend in turn: Valkey/Redis standalone, Redis Cluster, ``MemoryStore``."""
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    server = request.getfixturevalue(
-        "standalone_server" if request.param == "standalone" else "cluster_servers"
-    )
-    s = open_store(server.url, retry_seconds=10)
-    yield s
-    await s.close()
+@pytest.fixture
+def store(worker_store: StateStore) -> StateStore:
+    """Each backend in turn: Valkey/Redis standalone, Redis Cluster, ``MemoryStore``
+    (``worker_store`` of tests/conftest.py)."""
+    return worker_store
 
 
 async def test_claim_increments_epoch_and_returns_committed_position(

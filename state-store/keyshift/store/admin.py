@@ -195,6 +195,21 @@ def live_workers(heartbeats: dict[str, float], now: float) -> list[str]:
     return sorted(w for w, at in heartbeats.items() if now - at < ALIVE_SECONDS)
 
 
+async def running_workers(store: StateStore, args: argparse.Namespace, why: str) -> bool:
+    """Whether a worker of the job is alive (and ``--force`` not given); if so, say so:
+    ``why`` the command must not run under it."""
+    alive = live_workers(await store.alive_workers(args.job), time.time())
+    if alive and not args.force:
+        console.print(
+            f"job {args.job!r} is running: {', '.join(alive)} "
+            f"{'was' if len(alive) == 1 else 'were'} alive in the last "
+            f"{ALIVE_SECONDS:.0f} s{why}. Stop the job first (Ctrl-C its `keyshift run`; "
+            "on Kubernetes, delete the StreamJob), or add --force."
+        )
+        return True
+    return False
+
+
 def _delete(args: argparse.Namespace) -> int:
     if not args.yes:
         console.print(f"deleting all state of {args.job!r} cannot be undone: add --yes")
@@ -203,15 +218,11 @@ def _delete(args: argparse.Namespace) -> int:
     async def run() -> int:
         store = _open(args)
         try:
-            alive = live_workers(await store.alive_workers(args.job), time.time())
-            if alive and not args.force:
-                console.print(
-                    f"job {args.job!r} is running: {', '.join(alive)} "
-                    f"{'was' if len(alive) == 1 else 'were'} alive in the last "
-                    f"{ALIVE_SECONDS:.0f} s, and a running worker would start the job again "
-                    "from offset 0 on the deleted state. Stop the job first (Ctrl-C its "
-                    "`keyshift run`; on Kubernetes, delete the StreamJob), or add --force."
-                )
+            why = (
+                ", and a running worker would start the job again from offset 0 on the "
+                "deleted state"
+            )
+            if await running_workers(store, args, why):
                 return 2
             removed = await store.delete_job(args.job)
         finally:
@@ -232,14 +243,8 @@ def _migrate(args: argparse.Namespace) -> int:
     async def run() -> int:
         store = _open(args)
         try:
-            alive = live_workers(await store.alive_workers(args.job), time.time())
-            if alive and not args.force:
-                console.print(
-                    f"job {args.job!r} is running: {', '.join(alive)} "
-                    f"{'was' if len(alive) == 1 else 'were'} alive in the last "
-                    f"{ALIVE_SECONDS:.0f} s. Stop the job first (Ctrl-C its `keyshift run`; "
-                    "on Kubernetes, scale it to 0 or delete the StreamJob), or add --force."
-                )
+            why = ", and its workers would be fenced in the middle of their work"
+            if await running_workers(store, args, why):
                 return 2
             with console.status(f"migrating {args.job}") as status:
 
