@@ -5,7 +5,7 @@ from __future__ import annotations
 from keyshift.controller.core.assignment import plan_assignment, plan_failover
 from keyshift.controller.core.loop import workers_needed
 from keyshift.controller.core.pool import WorkerInfo
-from keyshift.controller.core.reconcile import Desired, decide
+from keyshift.controller.core.reconcile import Desired, next_rescale
 from keyshift.controller.core.rescale import (
     Advance,
     Deadlines,
@@ -190,63 +190,63 @@ def info(ordinal: int, ready: bool, not_ready_since: float | None = None) -> Wor
     )
 
 
-def test_decide_first_deployment() -> None:
-    r = decide("j", K, None, {}, Desired(3), now=0.0, failover_after=3)
+def test_next_rescale_first_deployment() -> None:
+    r = next_rescale("j", K, None, {}, Desired(3), now=0.0, failover_after=3)
     assert r is not None
     assert (r.reason, r.from_parallelism, r.to_parallelism, r.to_generation) == ("initial", 0, 3, 1)
 
 
-def test_decide_failover_only_after_failover_after() -> None:
+def test_next_rescale_failover_only_after_failover_after() -> None:
     a = Assignment(5, 4, plan_assignment(K, 4))
     workers = {0: info(0, True), 1: info(1, False, 10.0), 2: info(2, True), 3: info(3, True)}
-    assert decide("j", K, a, workers, Desired(4), now=12.9, failover_after=3) is None
-    r = decide("j", K, a, workers, Desired(4), now=13.0, failover_after=3)
+    assert next_rescale("j", K, a, workers, Desired(4), now=12.9, failover_after=3) is None
+    r = next_rescale("j", K, a, workers, Desired(4), now=13.0, failover_after=3)
     assert r is not None
     assert (r.reason, r.forced) == ("failover", [2, 3])
 
 
-def test_decide_no_failover_when_no_worker_is_ready() -> None:
+def test_next_rescale_no_failover_when_no_worker_is_ready() -> None:
     """A common cause (store or network outage): moving key groups would not help."""
     a = Assignment(5, 2, plan_assignment(K, 2))
     workers = {0: info(0, False, 0.0), 1: info(1, False, 0.0)}
-    assert decide("j", K, a, workers, Desired(2), now=100.0, failover_after=3) is None
+    assert next_rescale("j", K, a, workers, Desired(2), now=100.0, failover_after=3) is None
 
 
-def test_decide_rebalances_once_everyone_is_ready_again() -> None:
+def test_next_rescale_rebalances_once_everyone_is_ready_again() -> None:
     owners = plan_failover(plan_assignment(K, 4), {1})
     a = Assignment(6, 4, owners)
     all_ready = {w: info(w, True) for w in range(4)}
-    r = decide("j", K, a, all_ready, Desired(4), now=0.0, failover_after=3)
+    r = next_rescale("j", K, a, all_ready, Desired(4), now=0.0, failover_after=3)
     assert r is not None
     assert (r.reason, tuple(r.to_owners), r.forced) == ("rebalance", plan_assignment(K, 4), [])
     one_down = {**all_ready, 1: info(1, False, 0.0)}
-    assert decide("j", K, a, one_down, Desired(4), now=1.0, failover_after=3) is None
+    assert next_rescale("j", K, a, one_down, Desired(4), now=1.0, failover_after=3) is None
 
 
-def test_decide_follows_the_desired_parallelism() -> None:
+def test_next_rescale_follows_the_desired_parallelism() -> None:
     a = Assignment(2, 2, plan_assignment(K, 2))
     ready = {w: info(w, True) for w in range(2)}
-    assert decide("j", K, a, ready, Desired(2), now=0.0, failover_after=3) is None
-    r = decide("j", K, a, ready, Desired(5, "autoscaler"), now=0.0, failover_after=3)
+    assert next_rescale("j", K, a, ready, Desired(2), now=0.0, failover_after=3) is None
+    r = next_rescale("j", K, a, ready, Desired(5, "autoscaler"), now=0.0, failover_after=3)
     assert r is not None
     assert (r.reason, r.to_parallelism, r.start_workers) == ("autoscaler", 5, [2, 3, 4])
 
 
-def test_decide_no_failover_of_workers_still_recovering_from_a_store_outage() -> None:
+def test_next_rescale_no_failover_of_workers_still_recovering_from_a_store_outage() -> None:
     """The store was down until t=100: both workers were not ready since t=50; worker 0
     is back first.  Worker 1 gets ``failover_after`` from the store's return."""
     a = Assignment(5, 2, plan_assignment(K, 2))
     workers = {0: info(0, True), 1: info(1, False, 50.0)}
-    assert decide("j", K, a, workers, Desired(2), 102.9, 3, store_ok_since=100.0) is None
-    r = decide("j", K, a, workers, Desired(2), 103.0, 3, store_ok_since=100.0)
+    assert next_rescale("j", K, a, workers, Desired(2), 102.9, 3, store_ok_since=100.0) is None
+    r = next_rescale("j", K, a, workers, Desired(2), 103.0, 3, store_ok_since=100.0)
     assert r is not None and r.reason == "failover"
 
 
-def test_decide_plans_load_aware_ranges_and_records_balance_and_moves() -> None:
+def test_next_rescale_plans_load_aware_ranges_and_records_balance_and_moves() -> None:
     a = Assignment(2, 2, plan_assignment(K, 2))
     ready = {w: info(w, True) for w in range(2)}
     load = [9.0, 9.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]  # key groups 0 and 1 are hot
-    r = decide("j", K, a, ready, Desired(4), now=0.0, failover_after=3, load=load)
+    r = next_rescale("j", K, a, ready, Desired(4), now=0.0, failover_after=3, load=load)
     assert r is not None and r.load_aware
     per = [sum(x for kg, x in enumerate(load) if r.to_owners[kg] == w) for w in range(4)]
     assert max(per) == 9.0  # count-based ranges: 18 on worker 0
@@ -255,27 +255,29 @@ def test_decide_plans_load_aware_ranges_and_records_balance_and_moves() -> None:
         1 for x, y in zip(r.from_owners, r.to_owners, strict=True) if x != y
     )
     # no load known: the plain ranges, no prediction
-    plain = decide("j", K, a, ready, Desired(4), now=0.0, failover_after=3)
+    plain = next_rescale("j", K, a, ready, Desired(4), now=0.0, failover_after=3)
     assert plain is not None and plain.to_owners == list(plan_assignment(K, 4))
     assert (plain.predicted_balance, plain.load_aware, plain.moved_key_groups) == (None, False, 6)
 
 
-def test_decide_a_change_of_load_alone_starts_no_rescale() -> None:
+def test_next_rescale_a_change_of_load_alone_starts_no_rescale() -> None:
     """Load-aware ranges (not the plain ones) at the desired parallelism stay as they are
     however the load moves: only a new parallelism or a failover's rebalance replans."""
     ready = {w: info(w, True) for w in range(4)}
     owners = (2, 2, 0, 0, 0, 1, 1, 3)  # an earlier load-aware plan
     a = Assignment(7, 4, owners)
     for load in (None, [1.0] * K, [50.0, 1, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 50.0]):
-        assert decide("j", K, a, ready, Desired(4), now=0.0, failover_after=3, load=load) is None
+        assert (
+            next_rescale("j", K, a, ready, Desired(4), now=0.0, failover_after=3, load=load) is None
+        )
 
 
-def test_decide_rebalances_after_a_failover_by_load() -> None:
+def test_next_rescale_rebalances_after_a_failover_by_load() -> None:
     owners = plan_failover(plan_assignment(K, 4), {1})
     a = Assignment(6, 4, owners)
     ready = {w: info(w, True) for w in range(4)}
     load = [1.0] * K
-    r = decide("j", K, a, ready, Desired(4), now=0.0, failover_after=3, load=load)
+    r = next_rescale("j", K, a, ready, Desired(4), now=0.0, failover_after=3, load=load)
     assert r is not None and r.reason == "rebalance"
     assert sorted(r.to_owners.count(w) for w in range(4)) == [2, 2, 2, 2]
     assert r.predicted_balance == 1.0

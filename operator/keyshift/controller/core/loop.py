@@ -1,7 +1,7 @@
 """The controller loop, shared by ``keyshift run`` and the Kubernetes operator.
 
 Each tick: keep the workers of the current assignment in the pool, drive the
-rescale in progress, or else ask :func:`~keyshift.controller.core.reconcile.decide`
+rescale in progress, or else ask :func:`~keyshift.controller.core.reconcile.next_rescale`
 whether to start one (first deployment, failover, rebalance, new desired
 parallelism).
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from keyshift.controller.core.executor import EventSink, RescaleExecutor
 from keyshift.controller.core.pool import WorkerPool
-from keyshift.controller.core.reconcile import Desired, decide
+from keyshift.controller.core.reconcile import Desired, next_rescale
 from keyshift.controller.core.records import RecordStore
 from keyshift.controller.core.rescale import Deadlines, Rescale
 from keyshift.runtime.config import StreamJobSpec
@@ -121,7 +121,7 @@ class Controller:
             return
         await self.executor.follow_up()
         try:
-            rescale = decide(
+            rescale = next_rescale(
                 self.job, self.key_groups, self.assignment, running, self.desired(),
                 self.clock(), self.settings.failover_after, self.store_ok_since, self.load(),
                 self.settings.standby_workers,

@@ -61,7 +61,7 @@ def lost_workers(
     return lost
 
 
-def decide(
+def next_rescale(
     job: str,
     key_groups: int,
     assignment: Assignment | None,

@@ -34,10 +34,6 @@ FAILED_OFFSET = "keyshift_key_group_failed_offset"
 _WORKER_SERIES = (PROCESSED, BUSY, CACHE_HITS, CACHE_MISSES, GENERATION, OWNED)
 _KEY_GROUP_SERIES = (END_OFFSET, POSITION, LAG)
 
-#: Scrapes up to this fraction of the window older than the window are kept, so
-#: that a collect interval dividing the window keeps a full window despite jitter.
-WINDOW_SLACK = 0.05
-
 
 # -- the interface ------------------------------------------------------------------
 

@@ -57,13 +57,17 @@ from keyshift.controller.autoscaling.metrics.base import (
     POSITION,
     PROCESSED,
     STARTED,
-    WINDOW_SLACK,
     FailedKeyGroup,
     LoadSample,
     WorkerLoad,
     WorkerTarget,
     failed_key_groups,
 )
+
+#: Scrapes up to this fraction of the window older than the window are kept, so
+#: that a collect interval dividing the window keeps a full window despite jitter.
+WINDOW_SLACK = 0.05
+
 
 # -- snapshots (pure) -----------------------------------------------------------------
 

@@ -121,9 +121,9 @@ FAILED = "failed_since"
 FINISHED_KEY_GROUPS = "key_groups_finished"
 FAILED_AT_OFFSET = "failed_offset"
 
-#: A worker's first sample may come this fraction of the window after its start
-#: and still count as covering the window (as ``direct.WINDOW_SLACK``).
-WINDOW_SLACK = 0.05
+#: A worker's first sample may come this fraction of the window after its start and
+#: still count as covering the window.
+START_SLACK = 0.05
 
 _PLACEHOLDER = re.compile(r"\$(job|namespace|window)\b")
 
@@ -154,7 +154,7 @@ def coverage_tolerance(window_seconds: float) -> float:
     """How long after the window's start a worker's first sample may come and still
     cover the window.  At least one subquery step: the first step of the subquery
     lies up to a step after the window's start and sees the newest sample before it."""
-    return max(subquery_step(window_seconds), WINDOW_SLACK * window_seconds)
+    return max(subquery_step(window_seconds), START_SLACK * window_seconds)
 
 
 def expand_override(
