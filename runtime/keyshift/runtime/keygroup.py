@@ -338,10 +338,6 @@ class RecordContext:
         return keys
 
     # -- the runner's side ----------------------------------------------------------
-    @property
-    def has_writes(self) -> bool:
-        return bool(self._pending or self._pending_entries)
-
     def apply(self) -> None:
         """The current record (or timer) succeeded: its writes join the batch's (the
         pending dicts are the record's own: :meth:`begin` starts new ones)."""
