@@ -1,7 +1,8 @@
 """The deterministic generator source.
 
-Record ``(kg, offset)`` is a pure function of ``(seed, kg, offset)`` (a
-splitmix64 hash, no hidden state), so any worker can resume any key group at
+Record ``(kg, offset)`` is a pure function of ``(seed, kg, offset)`` (drawn from
+a stream seeded by the seed, the key group and the offset's block of
+:data:`BLOCK` records: no hidden state), so any worker can resume any key group at
 any offset, and the exact state after offsets ``[0, n)`` is computable
 (:mod:`keyshift.runtime.expected`).
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from collections.abc import Callable
 
 import msgspec
@@ -24,6 +26,8 @@ from keyshift.runtime.sources import SourceBatch
 
 MASK64 = (1 << 64) - 1
 UNBOUNDED = 1 << 62
+BLOCK = 256
+"""Records per block: each block of a key group draws from its own seeded stream."""
 
 
 class Event(msgspec.Struct, frozen=True, gc=False):
@@ -197,39 +201,41 @@ class Generator:
         return self.read(kg, offset, offset + 1)[0]
 
     def read(self, kg: int, start: int, stop: int) -> list[Event]:
-        """Records ``[start, stop)`` of key group ``kg``."""
+        """Records ``[start, stop)`` of key group ``kg``.
+
+        Records come in blocks of :data:`BLOCK` offsets; each block draws from its own
+        Mersenne Twister, seeded by ``(seed, kg, block)``, two ``random()`` draws per
+        record (the key, then the value). Python guarantees that ``random()`` of a
+        given integer seed stays the same across versions, so records do too.
+        """
         n = self.keys_in(kg)
         k = self.key_groups
         max_value = self.spec.max_value
-        base = mix64(self._seed ^ (kg * 0xD6E8FEB86659FD93 & MASK64))
         out: list[Event] = []
         append = out.append
         zipf = self._zipf
         oms = self._one_minus_s
-        if zipf:
-            if abs(oms) < 1e-9:
-                log_n = math.log(n)
-            else:
-                span = n**oms - 1.0
-                inv = 1.0 / oms
-        mask = MASK64
-        for offset in range(start, stop):
-            # h = mix64(base + offset) and v = mix64(h), inlined: the hot loop of the
-            # benchmarks' source
-            x = (base + offset + 0x9E3779B97F4A7C15) & mask
-            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
-            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
-            h = x ^ (x >> 31)
-            if zipf:
-                u = (h >> 11) * 1.1102230246251565e-16  # / 2**53
-                z = math.exp(u * log_n) if abs(oms) < 1e-9 else (span * u + 1.0) ** inv
-                j = int(z) - 1
-                if j >= n:
-                    j = n - 1
-            else:
-                j = h % n
-            x = (h + 0x9E3779B97F4A7C15) & mask
-            x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
-            x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
-            append(Event(key=f"key-{kg + k * j}", value=1 + ((x ^ (x >> 31)) % max_value)))
+        flat = abs(oms) < 1e-9
+        if zipf and not flat:
+            span = n**oms - 1.0
+            inv = 1.0 / oms
+        log_n = math.log(n)
+        seed = (self._seed << 128) | (kg << 64)
+        offset = start
+        while offset < stop:
+            block, skip = divmod(offset, BLOCK)
+            end = min(stop, offset - skip + BLOCK)
+            draw = random.Random(seed | block).random
+            for _ in range(2 * skip):
+                draw()
+            for _ in range(offset, end):
+                u = draw()
+                if not zipf:
+                    j = int(u * n)
+                else:
+                    j = int(math.exp(u * log_n) if flat else (span * u + 1.0) ** inv) - 1
+                    if j >= n:
+                        j = n - 1
+                append(Event(key=f"key-{kg + k * j}", value=1 + int(draw() * max_value)))
+            offset = end
         return out
