@@ -87,6 +87,10 @@ class AutoscalerRunner:
         """The user set the parallelism: drop the pending wish."""
         self.wish = None
 
+    def due(self, now: float) -> bool:
+        """Whether the interval has passed: the next :meth:`tick` evaluates."""
+        return now >= self._next_at
+
     async def tick(
         self,
         *,
@@ -96,7 +100,7 @@ class AutoscalerRunner:
         targets: Sequence[WorkerTarget],
     ) -> Decision | None:
         """One evaluation if the interval has passed; the decision, or None."""
-        if now < self._next_at:
+        if not self.due(now):
             return None
         self._next_at = now + self.spec.interval_seconds
         window = await self.provider.collect(self.job, targets)

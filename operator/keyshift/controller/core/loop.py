@@ -1,4 +1,5 @@
-"""The controller loop, shared by ``keyshift run`` and the Kubernetes operator.
+"""The controller loop, shared by ``keyshift run`` and the Kubernetes operator (each
+runs it through :class:`~keyshift.controller.supervisor.Supervisor`).
 
 Each tick: keep the workers of the current assignment in the pool, drive the
 rescale in progress, or else ask :func:`~keyshift.controller.core.reconcile.next_rescale`
@@ -8,8 +9,6 @@ parallelism).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -138,14 +137,8 @@ class Controller:
             self.on_event("Warning", message)
         self.last_error = message
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Tick until ``stop`` is set; store outages are waited out, not fatal."""
-        while not stop.is_set():
-            try:
-                await self.tick()
-                self.last_error = None
-            except StoreError as exc:
-                self._store_down = True
-                self._error(f"state store: {exc}")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.settings.tick_seconds)
+    def store_unreachable(self, exc: StoreError) -> None:
+        """A tick failed on the store: reported once, and the return is noticed (failover
+        then waits for the workers to come back)."""
+        self._store_down = True
+        self._error(f"state store: {exc}")

@@ -25,18 +25,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from keyshift.controller.autoscaling.decision import Decision
-from keyshift.controller.autoscaling.metrics.base import (
-    FailedKeyGroup,
-    WorkerTarget,
-    key_group_load,
-)
-from keyshift.controller.autoscaling.metrics.prometheus import PrometheusMetricsProvider
-from keyshift.controller.autoscaling.runner import (
-    AutoscalerRunner,
-    choose_desired,
-    event_kind,
-    history_from,
-)
+from keyshift.controller.autoscaling.metrics.base import FailedKeyGroup, MetricsProvider
+from keyshift.controller.autoscaling.runner import event_kind, history_from
 from keyshift.controller.core import metrics as metrics
 from keyshift.controller.core.loop import Controller, ControllerSettings
 from keyshift.controller.core.reconcile import Desired
@@ -61,6 +51,7 @@ from keyshift.controller.kubernetes.status import (
     record_to_status,
     refused_status,
 )
+from keyshift.controller.supervisor import ManualRequest, Supervisor, metrics_provider
 from keyshift.runtime.config import InvalidSpec, StreamJobSpec, validate_spec
 from keyshift.store import StateStore, StoreError, open_store
 
@@ -189,7 +180,7 @@ class JobRunner:
         self.namespace: str = meta.get("namespace", "default")
         self.pool = KubernetesWorkerPool(api, self.namespace, self.name, view)
         self.store: StateStore | None = None
-        self.controller: Controller | None = None
+        self.supervisor: Supervisor | None = None
         self.key_groups = 0
         self.invalid: str | None = None
         self.spec: StreamJobSpec | None = None
@@ -203,8 +194,8 @@ class JobRunner:
         self._last_status_at = 0.0
         self._last_drift_at = 0.0
         self._history_seen = 0
-        self.autoscaler: AutoscalerRunner | None = None
-        self._manual_seen: int | None = None
+        self._provider: MetricsProvider | None = None
+        """The autoscaler's metrics provider, kept once made (its Secret was read)."""
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -220,8 +211,8 @@ class JobRunner:
         finally:
             if self.store is not None:
                 await self.store.close()
-            if self.autoscaler is not None:
-                await self.autoscaler.provider.close()
+            if self._provider is not None:
+                await self._provider.close()
 
     def _fail(self, message: str) -> None:
         metrics.RECONCILE_ERRORS.labels(streamjob=self.name, namespace=self.namespace).inc()
@@ -258,67 +249,65 @@ class JobRunner:
         if self.refused is not None and self.controller is None:
             return  # nothing runs until the Secrets are labelled (checked again above)
         try:
-            controller = await self._controller(spec)
+            supervisor = await self._supervisor(spec)
         except SecretNotAllowed as exc:  # e.g. the label was removed since the check
             await self._report_refused(exc)
             return
-        await controller.tick()
-        self._count_finished(controller.executor.record)
-        if self.autoscaler is not None and controller.assignment is not None:
-            workers = await self.pool.workers()
-            targets = [WorkerTarget(w.ordinal, w.name, w.metrics_url)
-                       for w in workers.values() if w.metrics_url]  # fmt: skip
-            await self.autoscaler.tick(
-                now=now, current=controller.assignment.parallelism,
-                rescale=controller.executor.record.current, targets=targets,
-            )  # fmt: skip
+        await supervisor.tick()
+        self._count_finished(supervisor.controller.executor.record)
         if now - self._last_status_at >= STATUS_SECONDS:
             self._last_status_at = now
-            await self.write_status(controller)
+            await self.write_status(supervisor)
 
-    async def _controller(self, spec: StreamJobSpec) -> Controller:
-        if self.controller is not None:
+    @property
+    def controller(self) -> Controller | None:
+        return None if self.supervisor is None else self.supervisor.controller
+
+    async def _supervisor(self, spec: StreamJobSpec) -> Supervisor:
+        if self.supervisor is not None:
             if spec.key_groups != self.key_groups:
                 raise ValueError("keyGroups cannot change for a running job")
-            return self.controller
-        if self.autoscaler is None:
-            self.autoscaler = await self._autoscaler(spec)
+            return self.supervisor
+        scaler = spec.autoscaler
+        if scaler.enabled and self._provider is None:
+            self._provider = await self._metrics_provider(spec)
         if self.store is None:
             self.store = await open_job_store(self.api, self.namespace, spec)
         info = await self.store.init_job(self.name, spec.key_groups)
         self.key_groups = info.key_groups
         record = record_from_status(self.body.get("status"), self.name)
         self._history_seen = len(record.history)
-        self.controller = Controller(
+
+        def on_decision(decision: Decision, notable: bool) -> None:
+            if notable:
+                message = f"({scaler.mode}) {decision.message}"
+                self.post_event(event_kind(decision), "ScalingDecision", message)
+
+        self.supervisor = Supervisor(
             self.name, info.key_groups, self.store, self.pool,
             StatusRecordStore(self.api, self.namespace, self.name, record),
-            desired=self.desired, load=self.key_group_load,
-            settings=ControllerSettings.for_spec(spec),
+            manual=self.manual, autoscaler=scaler, provider=self._provider,
+            history=history_from((self.body.get("status") or {}).get("autoscaler")),
+            on_decision=on_decision, settings=ControllerSettings.for_spec(spec),
             on_event=lambda kind, message: self.post_event(kind, event_reason(message), message),
+            namespace=self.namespace,
         )  # fmt: skip
-        return self.controller
+        return self.supervisor
 
-    def key_group_load(self) -> tuple[float, ...] | None:
-        """The load per key group over the autoscaler's last window (Prometheus), which a
-        rescale's ranges follow; without an autoscaler none is known: ranges by count."""
-        window = None if self.autoscaler is None else self.autoscaler.last_window
-        return key_group_load(window, self.key_groups) if self.key_groups else None
+    def manual(self) -> ManualRequest:
+        """``spec.parallelism`` (``kubectl scale``): a change of it is a new request."""
+        manual = 1 if self.spec is None else self.spec.parallelism
+        return ManualRequest(Desired(manual, "manual"), manual)
 
     def desired(self) -> Desired:
-        """``spec.parallelism`` (manual, ``kubectl scale``) unless the autoscaler wants another;
-        a change of ``spec.parallelism`` drops the autoscaler's pending wish."""
-        manual = 1 if self.spec is None else self.spec.parallelism
-        if manual != self._manual_seen:
-            if self._manual_seen is not None and self.autoscaler is not None:
-                self.autoscaler.manual_change()
-            self._manual_seen = manual
-        wish = None if self.autoscaler is None else self.autoscaler.wish
-        return choose_desired(Desired(manual, "manual"), wish)
+        """What the job scales to: the autoscaler's wish, else ``spec.parallelism``."""
+        if self.supervisor is None:
+            return self.manual().desired
+        return self.supervisor.desired()
 
-    async def _autoscaler(self, spec: StreamJobSpec) -> AutoscalerRunner | None:
+    async def _metrics_provider(self, spec: StreamJobSpec) -> MetricsProvider:
+        """Prometheus, with the credentials of ``prometheus.secretRef`` if it names one."""
         scaler = spec.autoscaler
-        if not scaler.enabled:
-            return None
         if not scaler.prometheus.url:
             raise ValueError("spec.autoscaler.prometheus.url is required on Kubernetes")
         auth: dict[str, str] = {}
@@ -331,22 +320,7 @@ class JobRunner:
             data = secret.get("data") or {}
             auth = {key: base64.b64decode(data[key]).decode()
                     for key in ("token", "username", "password") if data.get(key)}  # fmt: skip
-        provider = PrometheusMetricsProvider(
-            scaler.prometheus.url, window_seconds=scaler.metrics_window_seconds,
-            token=auth.get("token"), username=auth.get("username"),
-            password=auth.get("password"),
-            verify_tls=not scaler.prometheus.insecure_skip_verify, queries=scaler.queries,
-            namespace=self.namespace,
-        )  # fmt: skip
-        history = history_from((self.body.get("status") or {}).get("autoscaler"))
-
-        def on_decision(decision: Decision, notable: bool) -> None:
-            if notable:
-                message = f"({scaler.mode}) {decision.message}"
-                self.post_event(event_kind(decision), "ScalingDecision", message)
-
-        return AutoscalerRunner(self.name, spec.key_groups, scaler, provider, history,
-                                on_decision=on_decision, namespace=self.namespace)  # fmt: skip
+        return metrics_provider(scaler, namespace=self.namespace, credentials=auth)
 
     def _count_finished(self, record: ControllerRecord) -> None:
         finished = record.history[self._history_seen :] if self._history_seen else record.history
@@ -365,15 +339,16 @@ class JobRunner:
     def failed_key_groups(self) -> list[FailedKeyGroup]:
         """Stopped key groups, from the autoscaler's last window (Prometheus): without
         an autoscaler, the operator reads no worker metrics and cannot know."""
-        window = None if self.autoscaler is None else self.autoscaler.last_window
+        window = None if self.supervisor is None else self.supervisor.last_window
         if window is None:
             return []
         return [f for w in window.per_worker for f in w.failed_key_groups]
 
-    async def write_status(self, controller: Controller) -> None:
+    async def write_status(self, supervisor: Supervisor) -> None:
+        controller = supervisor.controller
         workers = await self.pool.workers()
         previous = (self.body.get("status") or {}).get("conditions") or []
-        window = None if self.autoscaler is None else self.autoscaler.last_window
+        window = supervisor.last_window
         status = job_status(
             assignment=controller.assignment,
             workers=workers,
@@ -395,8 +370,8 @@ class JobRunner:
             degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
             self.post_event("Warning", "KeyGroupsFailed", degraded["message"])
         self._failed_reported = failed_now
-        if self.autoscaler is not None:
-            status["autoscaler"] = self.autoscaler.status()
+        if supervisor.autoscaler is not None:
+            status["autoscaler"] = supervisor.autoscaler.status()
         named = {"streamjob": self.name, "namespace": self.namespace}
         metrics.PARALLELISM.labels(**named).set(status["parallelism"])
         metrics.DESIRED_PARALLELISM.labels(**named).set(self.desired().parallelism)

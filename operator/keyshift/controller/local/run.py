@@ -45,26 +45,16 @@ from rich.console import Console
 from rich.live import Live
 
 from keyshift.controller.autoscaling.decision import Decision
-from keyshift.controller.autoscaling.metrics.base import (
-    LoadSample,
-    MetricsProvider,
-    WorkerTarget,
-    key_group_load,
-)
+from keyshift.controller.autoscaling.metrics.base import LoadSample, WorkerTarget
 from keyshift.controller.autoscaling.metrics.direct import DirectScrapeProvider
-from keyshift.controller.autoscaling.metrics.prometheus import PrometheusMetricsProvider
-from keyshift.controller.autoscaling.runner import (
-    AutoscalerRunner,
-    choose_desired,
-    event_kind,
-    history_from,
-)
-from keyshift.controller.core.loop import Controller, ControllerSettings
+from keyshift.controller.autoscaling.runner import event_kind, history_from
+from keyshift.controller.core.loop import ControllerSettings
 from keyshift.controller.core.reconcile import Desired
 from keyshift.controller.core.records import FileRecordStore
 from keyshift.controller.core.status import status_document
 from keyshift.controller.local.pool import LocalWorkerPool, pid_alive, stop_pid
 from keyshift.controller.local.view import log_line, render
+from keyshift.controller.supervisor import ManualRequest, Supervisor, metrics_provider
 from keyshift.runtime.config import (
     DuplicateKeyError,
     InvalidSpec,
@@ -75,8 +65,7 @@ from keyshift.runtime.config import (
     validate_spec,
     validation_message,
 )
-from keyshift.runtime.metrics import LOCAL_NAMESPACE
-from keyshift.store import open_store
+from keyshift.store import StateStore, open_store
 from keyshift.store.server import LocalServer
 
 log = logging.getLogger("keyshift.run")
@@ -284,8 +273,6 @@ class LocalRun:
         self.restart_delay = restart_delay
         self.events: deque[str] = deque(maxlen=50)
         self.stop_event = asyncio.Event()
-        self.autoscaler: AutoscalerRunner | None = None
-        self._manual_seen: object = None
         self._targets_written: list[dict[str, Any]] | None = None
         self._last_load: LoadSample | None = None
 
@@ -347,27 +334,20 @@ class LocalRun:
                     self.manifest_path, key_groups_changed(info.key_groups, self.spec.key_groups)
                 )
             records = FileRecordStore(self.dir.controller, self.job)
-            self.autoscaler = self._autoscaler()
-            controller = Controller(
-                self.job, self.spec.key_groups, store, pool, records,
-                desired=self._desired, load=self._key_group_load,
-                settings=ControllerSettings.for_spec(self.spec, failover_after=self.failover_after),
-                on_event=self.event,
-            )  # fmt: skip
+            supervisor = self._supervisor(store, pool, records)
             self._install_signals()
             self.event("Normal", f"running {self.job} on store {url}")
-            loop_task = asyncio.create_task(controller.run(self.stop_event))
+            loop_task = asyncio.create_task(supervisor.run(self.stop_event))
             try:
-                await self._show(controller, pool, provider)
+                await self._show(supervisor, pool, provider)
             finally:
                 self.stop_event.set()
                 await loop_task
+                await supervisor.close()
         finally:
             self.event("Normal", "stopping workers (they commit their state)")
             await pool.close()
             await provider.close()
-            if self.autoscaler is not None:
-                await self.autoscaler.provider.close()
             await store.close()
             if server is not None:
                 await asyncio.to_thread(server.stop)
@@ -416,51 +396,41 @@ class LocalRun:
         stop_pid(pid)
         self.event("Normal", f"stopped the store of an earlier run (pid {pid})")
 
-    def _autoscaler(self) -> AutoscalerRunner | None:
-        spec = self.spec.autoscaler
-        if not spec.enabled:
-            return None
+    def _supervisor(
+        self, store: StateStore, pool: LocalWorkerPool, records: FileRecordStore
+    ) -> Supervisor:
+        """The job's supervisor; ranges follow the live view's load (10 s) while no
+        autoscaler window is known."""
+        scaler = self.spec.autoscaler
         room = self.max_workers - self.spec.standby_workers
-        ceiling = max(1, min(spec.max_parallelism or self.spec.key_groups, room))
-        spec = spec.model_copy(update={"max_parallelism": ceiling})  # --max-workers
-        provider: MetricsProvider
-        if spec.prometheus.url:
-            provider = PrometheusMetricsProvider(
-                spec.prometheus.url, window_seconds=spec.metrics_window_seconds,
-                verify_tls=not spec.prometheus.insecure_skip_verify, queries=spec.queries,
-                namespace=LOCAL_NAMESPACE,
-            )  # fmt: skip
-        else:
-            provider = DirectScrapeProvider(window_seconds=spec.metrics_window_seconds)
+        ceiling = max(1, min(scaler.max_parallelism or self.spec.key_groups, room))
+        scaler = scaler.model_copy(update={"max_parallelism": ceiling})  # --max-workers
         history = None
         with contextlib.suppress(OSError, ValueError):
             history = history_from(json.loads(self.dir.autoscaler.read_text()))
 
         def on_decision(decision: Decision, notable: bool) -> None:
             if notable:
-                self.event(event_kind(decision), f"autoscaler ({spec.mode}): {decision.message}")
+                self.event(event_kind(decision), f"autoscaler ({scaler.mode}): {decision.message}")
+            if supervisor.autoscaler is not None:
+                self.dir.write_json(self.dir.autoscaler, supervisor.autoscaler.status())
 
-        return AutoscalerRunner(self.job, self.spec.key_groups, spec, provider, history,
-                                on_decision=on_decision)  # fmt: skip
+        supervisor = Supervisor(
+            self.job, self.spec.key_groups, store, pool, records,
+            manual=self._manual, autoscaler=scaler,
+            provider=metrics_provider(scaler) if scaler.enabled else None,
+            history=history, on_decision=on_decision,
+            settings=ControllerSettings.for_spec(self.spec, failover_after=self.failover_after),
+            on_event=self.event, fallback_load=lambda: self._last_load,
+        )  # fmt: skip
+        return supervisor
 
-    def _desired(self) -> Desired:
-        """The manual parallelism (manifest, ``keyshift scale``) unless the autoscaler wants
-        another; a new manual request drops the autoscaler's pending wish."""
-        manual = self.dir.read_desired(self.spec.parallelism)
-        with contextlib.suppress(OSError, ValueError):
-            seen = json.loads(self.dir.desired.read_text()).get("requested_at")
-            if seen != self._manual_seen:
-                self._manual_seen = seen
-                if self.autoscaler is not None and seen is not None:
-                    self.autoscaler.manual_change()
-        wish = None if self.autoscaler is None else self.autoscaler.wish
-        return choose_desired(manual, wish)
-
-    def _key_group_load(self) -> tuple[float, ...] | None:
-        """The load per key group a rescale's ranges follow: over the autoscaler's window
-        if it runs, else over the live view's (10 s); None (ranges by count) until known."""
-        window = self.autoscaler.last_window if self.autoscaler is not None else None
-        return key_group_load(window or self._last_load, self.spec.key_groups)
+    def _manual(self) -> ManualRequest:
+        """The manifest's parallelism or ``keyshift scale``'s: each request is stamped."""
+        asked = None
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            asked = json.loads(self.dir.desired.read_text()).get("requested_at")
+        return ManualRequest(self.dir.read_desired(self.spec.parallelism), asked)
 
     def _write_targets(self, targets: list[WorkerTarget]) -> None:
         """Keep the file-SD file current, so a local Prometheus scrapes every worker."""
@@ -475,7 +445,7 @@ class LocalRun:
             loop.add_signal_handler(sig, self.stop_event.set)
 
     async def _status(
-        self, controller: Controller, pool: LocalWorkerPool, provider: DirectScrapeProvider
+        self, supervisor: Supervisor, pool: LocalWorkerPool, provider: DirectScrapeProvider
     ) -> dict[str, Any]:
         workers = await pool.workers()
         targets = [
@@ -486,21 +456,15 @@ class LocalRun:
         load = await provider.collect(self.job, targets) if targets else None
         self._last_load = load
         self._write_targets(targets)
+        controller = supervisor.controller
         record = controller.executor.record
-        if self.autoscaler is not None and controller.assignment is not None and targets:
-            decision = await self.autoscaler.tick(
-                now=time.time(), current=controller.assignment.parallelism,
-                rescale=record.current, targets=targets,
-            )  # fmt: skip
-            if decision is not None:
-                self.dir.write_json(self.dir.autoscaler, self.autoscaler.status())
         doc = status_document(
             self.job, self.spec.key_groups, controller.assignment,
-            self._desired().parallelism, workers, load,
+            supervisor.desired().parallelism, workers, load,
             record.current, record.history, running=True, at=time.time(),
         )  # fmt: skip
-        if self.autoscaler is not None:
-            doc["autoscaler"] = self.autoscaler.status()
+        if supervisor.autoscaler is not None:
+            doc["autoscaler"] = supervisor.autoscaler.status()
         doc["max_workers"] = self.max_workers  # for keyshift scale
         doc["outputs"] = self.outputs
         self.dir.write_json(self.dir.status, doc)
@@ -526,18 +490,18 @@ class LocalRun:
                        "from their last commit")  # fmt: skip
 
     async def _show(
-        self, controller: Controller, pool: LocalWorkerPool, provider: DirectScrapeProvider
+        self, supervisor: Supervisor, pool: LocalWorkerPool, provider: DirectScrapeProvider
     ) -> None:
         if self.live:
             with Live(console=self.console, refresh_per_second=4, screen=False) as live:
                 while not self.stop_event.is_set():
-                    doc = await self._status(controller, pool, provider)
+                    doc = await self._status(supervisor, pool, provider)
                     self._stop_if_finished(doc)
                     live.update(render(doc, list(self.events)))
                     await self._wait(STATUS_INTERVAL)
         else:
             while not self.stop_event.is_set():
-                doc = await self._status(controller, pool, provider)
+                doc = await self._status(supervisor, pool, provider)
                 self._stop_if_finished(doc)
                 print(log_line(doc), flush=True)
                 await self._wait(STATUS_INTERVAL)
