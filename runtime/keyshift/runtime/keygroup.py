@@ -2,7 +2,7 @@
 function per record, checkpoint (flush the sink, then commit), release.
 
 A :class:`KeyGroupRunner` holds a claim (epoch, token) and the commit sequence.
-Its task ends with an :class:`Outcome`: released (handoff), fenced (the store
+Its task ends with a :class:`RunnerOutcome`: released (handoff), fenced (the store
 rejected a commit: the cache of the key group is dropped), or stopped (worker
 shutdown).  A user-function error under ``errorPolicy: fail`` checkpoints the
 records before the failing one and parks the key group, still owned, until the
@@ -75,7 +75,7 @@ or acknowledged commits (an older AOF, a failover to a lagging replica) is notic
 this time even when no commit would be fenced."""
 
 
-class Outcome(enum.Enum):
+class RunnerOutcome(enum.Enum):
     RELEASED = "released"
     FENCED = "fenced"
     STOPPED = "stopped"
@@ -84,7 +84,7 @@ class Outcome(enum.Enum):
 @dataclass(frozen=True)
 class RunnerResult:
     key_group: int
-    outcome: Outcome
+    outcome: RunnerOutcome
     fenced: Fenced | None = None
 
     @property
@@ -587,11 +587,11 @@ class KeyGroupRunner:
                             self.handoff_marks.pop("committed", None)
                             self.handoff_marks["batch_ended"] = time.time()
                         await self._release(self.release_generation)
-                        return RunnerResult(kg, Outcome.RELEASED)
+                        return RunnerResult(kg, RunnerOutcome.RELEASED)
                     if self.stopping:
                         if self.failed is None:
                             await self.checkpoint()
-                        return RunnerResult(kg, Outcome.STOPPED)
+                        return RunnerResult(kg, RunnerOutcome.STOPPED)
                     if self.failed is not None:  # parked: its lag still shows
                         deps.turns.leave(kg)
                         now = time.time()
@@ -605,7 +605,7 @@ class KeyGroupRunner:
         except Fenced as fenced:
             deps.metrics.commits_fenced.inc()
             deps.cache.drop(kg)
-            result = RunnerResult(kg, Outcome.FENCED, fenced)
+            result = RunnerResult(kg, RunnerOutcome.FENCED, fenced)
             if self._commit_in_doubt and fenced.stored_seq == fenced.expected_seq + 1:
                 log.warning(
                     "key group %d: its commit %d was applied although its reply was lost; "

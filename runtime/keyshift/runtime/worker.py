@@ -46,8 +46,8 @@ from keyshift.runtime.keygroup import (
     CorruptStateError,
     Failure,
     KeyGroupRunner,
-    Outcome,
     PoisonRecordError,
+    RunnerOutcome,
     RunnerResult,
     RuntimeDeps,
     StateLayoutError,
@@ -437,7 +437,7 @@ class Worker:
                 self._suspects.add(kg)  # it may still be ours in the store
                 continue
             result = task.result()
-            if result.outcome is Outcome.FENCED:
+            if result.outcome is RunnerOutcome.FENCED:
                 self.fenced_key_groups.append(kg)
                 if result.store_lost_commit:
                     self._force_next.add(kg)

@@ -35,7 +35,7 @@ from keyshift.controller.core.handoffs import HandoffTimeline
 
 Reason = Literal["initial", "manual", "autoscaler", "failover", "rebalance"]
 Phase = Literal["starting_workers", "publishing", "handing_off", "stopping_workers", "finished"]
-Outcome = Literal["succeeded", "rolled_back", "failed"]
+RescaleOutcome = Literal["succeeded", "rolled_back", "failed"]
 
 
 class StepTiming(msgspec.Struct, frozen=True):
@@ -66,7 +66,7 @@ class Rescale(msgspec.Struct, kw_only=True):
     started_at: float = 0.0
     phase_started_at: float = 0.0
     steps: list[StepTiming] = msgspec.field(default_factory=list)
-    outcome: Outcome | None = None
+    outcome: RescaleOutcome | None = None
     message: str = ""
     finished_at: float | None = None
     moved_key_groups: int = 0
@@ -244,7 +244,7 @@ class ForceHandoff:
 
 @dataclass(frozen=True, slots=True)
 class Finish:
-    outcome: Outcome
+    outcome: RescaleOutcome
     message: str
     stop: tuple[int, ...] = ()
     """Workers to stop first (a rollback of started workers)."""

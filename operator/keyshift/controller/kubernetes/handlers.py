@@ -114,7 +114,7 @@ def worker_statefulsets(
     return _by_job(namespace, labels, body)
 
 
-class IndexedWorkerView:
+class IndexedPodView:
     """A job's StatefulSet and pods as kopf's indexes hold them."""
 
     def __init__(self, pods: kopf.Index[Any, Any], sets: kopf.Index[Any, Any], key: Any) -> None:
@@ -140,9 +140,7 @@ async def run_job(
     def post(kind: str, reason: str, message: str) -> None:
         kopf.event(body, type=kind, reason=reason, message=message)
 
-    view = IndexedWorkerView(
-        indexes["worker_pods"], indexes["worker_statefulsets"], (namespace, name)
-    )
+    view = IndexedPodView(indexes["worker_pods"], indexes["worker_statefulsets"], (namespace, name))
     runner = JobRunner(_api(memo), body, post, view)  # type: ignore[arg-type]  # a live view
     await runner.run(stopped)
 

@@ -43,7 +43,7 @@ from keyshift.controller.kubernetes.api import (
     SecretNotAllowed,
 )
 from keyshift.controller.kubernetes.objects import drift, label_selector, owned_objects, secret_refs
-from keyshift.controller.kubernetes.pool import KubernetesWorkerPool, WorkerView
+from keyshift.controller.kubernetes.pool import KubernetesWorkerPool, PodView
 from keyshift.controller.kubernetes.status import (
     invalid_status,
     job_status,
@@ -169,7 +169,7 @@ async def open_job_store(api: KubeApi, namespace: str, spec: StreamJobSpec) -> S
 
 class JobRunner:
     def __init__(
-        self, api: KubeApi, body: Obj, post_event: EventPoster, view: WorkerView | None = None
+        self, api: KubeApi, body: Obj, post_event: EventPoster, view: PodView | None = None
     ) -> None:
         self.api = api
         self.body = body

@@ -96,7 +96,7 @@ def worker_info(ordinal: int, job: str, pod: Obj | None, missing_since: float | 
     )
 
 
-class WorkerView(Protocol):
+class PodView(Protocol):
     """Where the pool reads the job's StatefulSet and pods: the operator's watch caches
     (kopf indexes, no API request per tick), or the API itself."""
 
@@ -104,7 +104,7 @@ class WorkerView(Protocol):
     async def pods(self) -> list[Obj]: ...
 
 
-class ApiWorkerView:
+class ApiPodView:
     """Reads straight from the API (each call is a request): for one-off uses."""
 
     def __init__(self, api: KubeApi, namespace: str, job: str) -> None:
@@ -125,7 +125,7 @@ class KubernetesWorkerPool:
         api: KubeApi,
         namespace: str,
         job: str,
-        view: WorkerView | None = None,
+        view: PodView | None = None,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -133,7 +133,7 @@ class KubernetesWorkerPool:
         self.namespace = namespace
         self.job = job
         self.name = statefulset_name(job)
-        self.view = view or ApiWorkerView(api, namespace, job)
+        self.view = view or ApiPodView(api, namespace, job)
         self.clock = clock
         self._missing_since: dict[int, float] = {}
 
