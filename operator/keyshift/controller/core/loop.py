@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from keyshift.controller.core.executor import EventSink, RescaleExecutor
 from keyshift.controller.core.pool import WorkerPool
@@ -27,26 +27,39 @@ log = logging.getLogger("keyshift.controller")
 
 @dataclass(frozen=True, slots=True)
 class ControllerSettings:
+    """Every timing of a job's control loop, on both hosts, in one place.
+
+    The first four come from the StreamJob's spec (:meth:`for_spec`); the others are the
+    loop's own pace.
+    """
+
     failover_after: float = 3.0
-    tick_seconds: float = 0.2
+    """A worker that owns key groups and is not ready this long loses them (``failoverAfter``)."""
     deadlines: Deadlines = field(default_factory=Deadlines)
+    """How long a rescale's phases may take (``handoffTimeout`` is the handoff's)."""
     standby_workers: int = 0
     """Workers kept running beyond the parallelism, owning nothing (``standbyWorkers``)."""
+    tick_seconds: float = 0.2
+    """The pause between two ticks of the loop (a rescale advances one step per tick)."""
+    status_seconds: float = 1.0
+    """How often the job's status is written (``status.json``, the StreamJob's status)."""
+    store_stall_seconds: float = 1.0
+    """A store call that took longer than this counts as a store outage ending now."""
+    drift_seconds: float = 5.0
+    """Kubernetes: how often the objects the job owns are compared with what they should be."""
+    secret_retry_seconds: float = 2.0
+    """Kubernetes: how often the Secrets of a job are checked again while one is refused."""
 
-    @classmethod
     def for_spec(
-        cls, spec: StreamJobSpec, *, failover_after: float | None = None
+        self, spec: StreamJobSpec, *, failover_after: float | None = None
     ) -> ControllerSettings:
-        """The spec's timings (``failover_after`` overrides the spec's)."""
-        return cls(
+        """These settings with the spec's timings (``failover_after`` overrides the spec's)."""
+        return replace(
+            self,
             failover_after=failover_after or spec.failover_after,
             deadlines=Deadlines(handoff_seconds=spec.handoff_timeout),
             standby_workers=spec.standby_workers,
         )
-
-
-STORE_STALL_SECONDS = 1.0
-"""A store call that took longer than this counts as a store outage ending now."""
 
 
 def workers_needed(
@@ -104,7 +117,7 @@ class Controller:
         self.assignment = await self.store.get_assignment(self.job)
         # the store was away if the call failed before, or if it hung (a stalled connection
         # is waited out inside the client's retries, no error ever reaches this loop)
-        if self._store_down or self.clock() - asked > STORE_STALL_SECONDS:
+        if self._store_down or self.clock() - asked > self.settings.store_stall_seconds:
             self._store_down = False
             self.store_ok_since = self.clock()
             self.on_event("Normal", "state store reachable again")

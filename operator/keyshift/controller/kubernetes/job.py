@@ -3,7 +3,7 @@
 Every tick it validates the live spec, runs the shared
 :class:`~keyshift.controller.core.loop.Controller` (assignment, rescales,
 failover) over a :class:`KubernetesWorkerPool`, and every second writes
-``status``; every ``DRIFT_SECONDS`` it restores owned objects someone edited.
+``status``; every ``drift_seconds`` it restores owned objects someone edited.
 The executor's record lives in ``status.controller``, so a restarted operator
 (or the next leader) resumes a rescale where the last one stopped.
 
@@ -12,7 +12,8 @@ Secrets: the operator reads and mounts only the Secrets that opt in with the lab
 Secret the spec names is refused nothing of the job is created or changed (a job that
 already runs keeps running as it was), the StreamJob says why (``Ready=False``, reason
 ``SecretNotAllowed``, and an Event), and the check is repeated every
-``SECRET_RETRY_SECONDS``: labelling the Secret lets the job go on by itself.
+``secret_retry_seconds`` (both in :class:`ControllerSettings`): labelling the Secret
+lets the job go on by itself.
 """
 
 from __future__ import annotations
@@ -56,12 +57,6 @@ from keyshift.runtime.config import InvalidSpec, StreamJobSpec, validate_spec
 from keyshift.store import StateStore, StoreError, open_store
 
 log = logging.getLogger("keyshift.operator")
-
-TICK_SECONDS = 0.25
-STATUS_SECONDS = 1.0
-DRIFT_SECONDS = 5.0
-SECRET_RETRY_SECONDS = 2.0
-"""How often the Secrets of a job are checked again while one is refused."""
 
 EventPoster = Callable[[str, str, str], None]
 """``(type, reason, message)``: posts a Kubernetes Event on the StreamJob."""
@@ -169,9 +164,15 @@ async def open_job_store(api: KubeApi, namespace: str, spec: StreamJobSpec) -> S
 
 class JobRunner:
     def __init__(
-        self, api: KubeApi, body: Obj, post_event: EventPoster, view: PodView | None = None
+        self,
+        api: KubeApi,
+        body: Obj,
+        post_event: EventPoster,
+        view: PodView | None = None,
+        settings: ControllerSettings | None = None,
     ) -> None:
         self.api = api
+        self.settings = settings or ControllerSettings()
         self.body = body
         """The live body: kopf keeps it up to date while the daemon runs."""
         self.post_event = post_event
@@ -207,7 +208,7 @@ class JobRunner:
                     self.error = None
                 except (StoreError, KubeError, OSError, ValueError) as exc:
                     self._fail(f"{type(exc).__name__}: {exc}")
-                await stopped.wait(TICK_SECONDS)
+                await stopped.wait(self.settings.tick_seconds)
         finally:
             if self.store is not None:
                 await self.store.close()
@@ -235,7 +236,8 @@ class JobRunner:
             self.invalid = None
             spec = self.spec = checked
         now = time.time()
-        every = DRIFT_SECONDS if self.refused is None else SECRET_RETRY_SECONDS
+        settings = self.settings
+        every = settings.drift_seconds if self.refused is None else settings.secret_retry_seconds
         if self.invalid is None and now - self._last_drift_at >= every:
             self._last_drift_at = now
             try:
@@ -255,7 +257,7 @@ class JobRunner:
             return
         await supervisor.tick()
         self._count_finished(supervisor.controller.executor.record)
-        if now - self._last_status_at >= STATUS_SECONDS:
+        if now - self._last_status_at >= self.settings.status_seconds:
             self._last_status_at = now
             await self.write_status(supervisor)
 
@@ -288,7 +290,7 @@ class JobRunner:
             StatusRecordStore(self.api, self.namespace, self.name, record),
             manual=self.manual, autoscaler=scaler, provider=self._provider,
             history=history_from((self.body.get("status") or {}).get("autoscaler")),
-            on_decision=on_decision, settings=ControllerSettings.for_spec(spec),
+            on_decision=on_decision, settings=self.settings.for_spec(spec),
             on_event=lambda kind, message: self.post_event(kind, event_reason(message), message),
             namespace=self.namespace,
         )  # fmt: skip

@@ -70,7 +70,6 @@ from keyshift.store.server import LocalServer
 
 log = logging.getLogger("keyshift.run")
 
-STATUS_INTERVAL = 1.0
 LOCAL_MAX_WORKERS: Final = 64
 """Worker processes ``keyshift run`` starts at most (``--max-workers``): each is a Python
 process, and a manifest's parallelism for a cluster would swamp a laptop."""
@@ -269,7 +268,7 @@ class LocalRun:
         self._said_finished = False
         self.console = console or Console()
         self.live = self.console.is_terminal if live is None else live
-        self.failover_after = failover_after or self.spec.failover_after
+        self.settings = ControllerSettings().for_spec(self.spec, failover_after=failover_after)
         self.restart_delay = restart_delay
         self.events: deque[str] = deque(maxlen=50)
         self.stop_event = asyncio.Event()
@@ -420,7 +419,7 @@ class LocalRun:
             manual=self._manual, autoscaler=scaler,
             provider=metrics_provider(scaler) if scaler.enabled else None,
             history=history, on_decision=on_decision,
-            settings=ControllerSettings.for_spec(self.spec, failover_after=self.failover_after),
+            settings=self.settings,
             on_event=self.event, fallback_load=lambda: self._last_load,
         )  # fmt: skip
         return supervisor
@@ -498,13 +497,13 @@ class LocalRun:
                     doc = await self._status(supervisor, pool, provider)
                     self._stop_if_finished(doc)
                     live.update(render(doc, list(self.events)))
-                    await self._wait(STATUS_INTERVAL)
+                    await self._wait(self.settings.status_seconds)
         else:
             while not self.stop_event.is_set():
                 doc = await self._status(supervisor, pool, provider)
                 self._stop_if_finished(doc)
                 print(log_line(doc), flush=True)
-                await self._wait(STATUS_INTERVAL)
+                await self._wait(self.settings.status_seconds)
 
     def _stop_if_finished(self, doc: dict[str, Any]) -> None:
         """A bounded job whose every key group is done ends the run, unless kept running."""
