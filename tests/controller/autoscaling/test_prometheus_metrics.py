@@ -534,14 +534,17 @@ async def test_handoff_through_prometheus(
             await asyncio.sleep(0.5)
         assert seen[-1].per_worker[0].key_groups_owned == 4
         # per key group, across the handoff: 100 records/s arriving and processed each,
-        # counted once (not 200 from two workers, nor 50); one key group's rate over a
-        # few scrapes jitters more than the sum's on a loaded machine: within 15%
+        # counted once (not 200 from two workers, nor 50). One key group's rate over a
+        # few scrapes jitters more than the sum's on a loaded machine: the fake computes
+        # its offsets when the scrape is served, not at the scrape's timestamp, and the
+        # moved key group's max over two workers' series takes both delays (82 records/s
+        # seen under load). Within 25%: still far from 50 and 200.
         for got in seen:
-            assert got.arrival_by_key_group == pytest.approx(dict.fromkeys(range(8), 100), rel=0.15)
+            assert got.arrival_by_key_group == pytest.approx(dict.fromkeys(range(8), 100), rel=0.25)
             assert got.processed_by_key_group == pytest.approx(
-                dict.fromkeys(range(8), 100), rel=0.15
+                dict.fromkeys(range(8), 100), rel=0.25
             )
-            assert key_group_load(got, 8) == pytest.approx((100,) * 8, rel=0.15)
+            assert key_group_load(got, 8) == pytest.approx((100,) * 8, rel=0.25)
 
         # Overrides: one answering nothing is missing; one that does not parse fails.
         overrides = QueriesSpec.model_validate(
