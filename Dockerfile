@@ -19,6 +19,7 @@ RUN apt-get update \
 RUN python -m venv /opt/keyshift
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY api/ api/
 COPY state-store/ state-store/
 COPY runtime/ runtime/
 COPY operator/ operator/

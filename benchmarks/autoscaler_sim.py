@@ -52,6 +52,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from keyshift.api.spec import AutoscalerSpec
 from keyshift.controller.autoscaling.decision import (
     Decision,
     ScalingHistory,
@@ -61,7 +62,6 @@ from keyshift.controller.autoscaling.decision import (
 )
 from keyshift.controller.autoscaling.metrics.base import LoadSample, WorkerLoad
 from keyshift.controller.core.assignment import plan_assignment
-from keyshift.runtime.config import AutoscalerSpec
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "autoscaler_sim.json"

@@ -22,9 +22,10 @@ from pathlib import Path
 
 from benchmarks.results_md import replace_section
 from examples.counter import job as counter_job
+from keyshift.api.spec import StreamJob
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime import kafka
-from keyshift.runtime.config import StreamJob, settings_from
+from keyshift.runtime.config import settings_from
 from keyshift.runtime.worker import Worker
 from keyshift.store import Assignment, MemoryStore
 from tests.kafka_broker import KafkaBroker

@@ -36,9 +36,10 @@ import msgspec
 
 from benchmarks.jobs import one_value_job, per_entry_job
 from benchmarks.results_md import replace_section
+from keyshift.api.spec import StreamJob
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import Job, encode_key
-from keyshift.runtime.config import StreamJob, settings_from
+from keyshift.runtime.config import settings_from
 from keyshift.runtime.sinks import NullSinkWriter
 from keyshift.runtime.sources.generator import Generator
 from keyshift.runtime.worker import Worker

@@ -67,8 +67,8 @@ import redis.asyncio as aioredis
 
 from benchmarks.jobs import initial_value
 from benchmarks.results_md import replace_section
+from keyshift.api.names import API_VERSION
 from keyshift.runtime.api import encode_key
-from keyshift.runtime.config import API_VERSION
 from keyshift.store import keys as store_keys
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer

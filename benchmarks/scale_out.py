@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from keyshift.runtime.config import API_VERSION
+from keyshift.api.names import API_VERSION
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -73,7 +73,8 @@ from typing import Any
 import redis
 
 from benchmarks.results_md import replace_section
-from keyshift.runtime.config import API_VERSION, GeneratorSource
+from keyshift.api.names import API_VERSION
+from keyshift.api.spec import GeneratorSource
 from keyshift.runtime.expected import counter_state_encoded
 from keyshift.runtime.sources.generator import cumulative
 from keyshift.store import keys as store_keys

@@ -40,8 +40,9 @@ from typing import Any
 import psutil
 
 from examples.counter import job as counter_job
+from keyshift.api.spec import GeneratorSource, StreamJob
 from keyshift.controller.core.assignment import plan_assignment
-from keyshift.runtime.config import GeneratorSource, StreamJob, settings_from
+from keyshift.runtime.config import settings_from
 from keyshift.runtime.sinks import NullSinkWriter
 from keyshift.runtime.store import WorkerStore
 from keyshift.runtime.worker import Worker

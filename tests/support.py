@@ -21,15 +21,11 @@ from typing import Any
 import httpx
 import yaml
 
+from keyshift.api.names import API_VERSION, worker_name
+from keyshift.api.spec import GeneratorSource, StreamJob
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import decode_key
-from keyshift.runtime.config import (
-    API_VERSION,
-    OUTPUT_DIR_ENV,
-    GeneratorSource,
-    StreamJob,
-    worker_name,
-)
+from keyshift.runtime.config import OUTPUT_DIR_ENV
 from keyshift.runtime.expected import counter_state_encoded
 from keyshift.store import Assignment, RedisStateStore
 from keyshift.store.server import free_port

@@ -14,9 +14,9 @@ from typing import Any
 import prometheus_client
 from prometheus_client.registry import CollectorRegistry
 
+from keyshift.api.spec import StreamJobSpec
 from keyshift.controller.core import metrics as operator_metrics
 from keyshift.controller.kubernetes.objects import HTTP_PORT, selector_labels, worker_container
-from keyshift.runtime.config import StreamJobSpec
 from keyshift.runtime.metrics import NAMESPACE_ENV, WorkerMetrics
 from tests.chart.render import NAMESPACE, find, one, render
 

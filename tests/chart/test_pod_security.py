@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from keyshift.api.names import API_VERSION
+from keyshift.api.spec import StreamJobSpec
 from keyshift.controller.kubernetes.objects import worker_statefulset
-from keyshift.runtime.config import API_VERSION, StreamJobSpec
 from tests.chart.pod_security import violations
 from tests.chart.render import find, one, render
 

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
+from keyshift.api.names import API_VERSION
 from keyshift.controller.kubernetes.api import SECRET_LABEL
-from keyshift.runtime.config import API_VERSION
 from keyshift.store.server import LocalServer
 from tests.chart.rbac import Grant, grants, needed, role_allows
 from tests.chart.render import chart_crds, one, render

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
+from keyshift.api.names import API_VERSION
+from keyshift.api.spec import StreamJobSpec
 from keyshift.controller.kubernetes.api import SECRET_LABEL
 from keyshift.controller.kubernetes.objects import worker_statefulset
-from keyshift.runtime.config import API_VERSION, StreamJobSpec
 from tests.chart.render import NAMESPACE, find, notes, notes_streamjob, one, render
 from tests.chart.validation import VERSIONS, problems
 

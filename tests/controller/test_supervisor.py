@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+from keyshift.api.spec import AutoscalerSpec
 from keyshift.controller.autoscaling.metrics.direct import DirectScrapeProvider
 from keyshift.controller.autoscaling.metrics.prometheus import PrometheusMetricsProvider
 from keyshift.controller.autoscaling.runner import AutoscalerRunner
 from keyshift.controller.core.reconcile import Desired
 from keyshift.controller.supervisor import ManualRequest, ParallelismChoice, metrics_provider
-from keyshift.runtime.config import AutoscalerSpec
 
 
 class Requests:

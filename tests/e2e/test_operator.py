@@ -18,8 +18,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from keyshift.api.names import API_VERSION
 from keyshift.controller.core.assignment import plan_assignment
-from keyshift.runtime.config import API_VERSION
 from keyshift.store import Assignment, RedisStateStore, open_store
 from keyshift.store.server import LocalServer, free_port
 from tests.e2e.harness import Cluster, OperatorProcess, real_cluster_settings

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from keyshift.runtime.config import API_VERSION
+from keyshift.api.names import API_VERSION
 from keyshift.store.server import LocalServer
 from tests.e2e.harness import OperatorProcess, real_cluster_settings
 from tests.e2e.kubelet import PodRunner

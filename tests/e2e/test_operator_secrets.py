@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
+from keyshift.api.names import API_VERSION
 from keyshift.controller.kubernetes.api import SECRET_LABEL
-from keyshift.runtime.config import API_VERSION
 from keyshift.store.server import LocalServer
 from tests.e2e.harness import OperatorProcess, real_cluster_settings
 from tests.e2e.kubelet import PodRunner

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from keyshift.api.names import API_VERSION
 from keyshift.controller.core.assignment import plan_assignment
-from keyshift.runtime.config import API_VERSION
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer
 from tests.e2e.harness import OperatorProcess, real_cluster_settings

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from examples import busy_counter, counter, revenue_per_minute, sessions
+from keyshift.api.spec import load_manifest
 from keyshift.runtime.api import Job, load_job
-from keyshift.runtime.config import load_manifest
 from keyshift.runtime.sources.generator import Event
 from keyshift.runtime.testing import JobHarness
 from tests.support import REPO

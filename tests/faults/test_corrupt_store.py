@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from examples.counter import job as counter_job
+from keyshift.api.spec import StreamJob
 from keyshift.controller.core.assignment import plan_assignment
-from keyshift.runtime.config import StreamJob, settings_from
+from keyshift.runtime.config import settings_from
 from keyshift.runtime.worker import Worker
 from keyshift.store import (
     Assignment,

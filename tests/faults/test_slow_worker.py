@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from keyshift.api.names import worker_name
 from keyshift.controller.core.assignment import moved
-from keyshift.runtime.config import worker_name
 from tests.controller.local.localjob import LocalJob
 from tests.support import (
     all_done,

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from keyshift.runtime.config import KafkaSource, StreamJobSpec
+from keyshift.api.spec import KafkaSource, StreamJobSpec
 from keyshift.runtime.kafka import client_config, key_bytes, partition_change
 
 

@@ -16,9 +16,10 @@ from typing import Any
 import httpx
 import msgspec
 
+from keyshift.api.names import API_VERSION
+from keyshift.api.spec import GeneratorSource, KafkaSink
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import encode_key
-from keyshift.runtime.config import API_VERSION, GeneratorSource, KafkaSink
 from keyshift.runtime.kafka import KafkaSinkWriter, fill_topic
 from keyshift.runtime.sinks import Outputs, TimerOrigin
 from keyshift.runtime.sources.generator import Event, Generator

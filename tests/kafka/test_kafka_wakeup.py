@@ -12,9 +12,10 @@ import time
 import pytest
 
 from examples.counter import job as counter_job
+from keyshift.api.spec import KafkaSource, StreamJob
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime import kafka, keygroup
-from keyshift.runtime.config import KafkaSource, StreamJob, settings_from
+from keyshift.runtime.config import settings_from
 from keyshift.runtime.kafka import KafkaRecordSource
 from keyshift.runtime.worker import Worker
 from keyshift.store import Assignment, MemoryStore

@@ -15,8 +15,8 @@ import msgspec
 import pytest
 import yaml
 
+from keyshift.api.spec import GeneratorSource, StreamJob
 from keyshift.controller.core.assignment import plan_assignment
-from keyshift.runtime.config import GeneratorSource, StreamJob
 from keyshift.runtime.faults import ENV
 from keyshift.runtime.kafka import fill_topic
 from keyshift.runtime.sources.generator import Generator

@@ -13,9 +13,10 @@ from typing import Any
 import msgspec
 import pytest
 
+from keyshift.api.spec import StreamJob
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import Job, encode_key
-from keyshift.runtime.config import StreamJob, settings_from
+from keyshift.runtime.config import settings_from
 from keyshift.runtime.keygroup import StateLayoutError
 from keyshift.runtime.sinks import Origin
 from keyshift.runtime.sources.generator import Event, Generator

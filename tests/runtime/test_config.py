@@ -7,15 +7,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from keyshift.api.spec import DuplicateKeyError, StreamJob, StreamJobSpec, load_manifest, parse_yaml
 from keyshift.runtime.api import JobLoadError, find_job_module
-from keyshift.runtime.config import (
-    DuplicateKeyError,
-    StreamJob,
-    StreamJobSpec,
-    load_manifest,
-    parse_yaml,
-    settings_from,
-)
+from keyshift.runtime.config import settings_from
 
 REPO = Path(__file__).resolve().parents[2]
 

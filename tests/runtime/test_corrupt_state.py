@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import redis.asyncio as redis
 
+from keyshift.api.spec import GeneratorSource
 from keyshift.runtime.api import encode_key
-from keyshift.runtime.config import GeneratorSource
 from keyshift.runtime.sources.generator import Generator
 from keyshift.store import keys, open_store
 from keyshift.store.server import LocalServer

@@ -11,8 +11,8 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+from keyshift.api.names import worker_name
 from keyshift.controller.core.assignment import plan_assignment
-from keyshift.runtime.config import worker_name
 from keyshift.store import Assignment, RedisStateStore, open_store
 from keyshift.store.server import LocalServer
 from tests.support import (

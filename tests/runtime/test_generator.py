@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from keyshift.runtime.config import GeneratorSource, RateSpec
+from keyshift.api.spec import GeneratorSource, RateSpec
 from keyshift.runtime.sources.generator import Generator, cumulative, rate_at
 
 

@@ -17,7 +17,8 @@ from functools import partial
 from typing import Any
 
 from examples.counter import job as counter_job
-from keyshift.runtime.config import StreamJob, settings_from
+from keyshift.api.spec import StreamJob
+from keyshift.runtime.config import settings_from
 from keyshift.runtime.worker import Worker
 from keyshift.store import Assignment, Claim, MemoryStore, keys
 from tests.support import wait_for

@@ -13,9 +13,10 @@ from typing import Any
 
 import msgspec
 
+from keyshift.api.spec import StreamJob
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import Context, Job, ListState, ValueState, encode_key
-from keyshift.runtime.config import StreamJob, settings_from
+from keyshift.runtime.config import settings_from
 from keyshift.runtime.faults import ENV
 from keyshift.runtime.sources.generator import Event, Generator
 from keyshift.runtime.store import read_entries

@@ -29,8 +29,8 @@ import pytest
 import yaml
 
 from examples import revenue_per_minute, sessions
+from keyshift.api.spec import GeneratorSource, StreamJob
 from keyshift.controller.core.assignment import plan_assignment
-from keyshift.runtime.config import GeneratorSource, StreamJob
 from keyshift.runtime.expected import (
     WindowResults,
     revenue_per_minute_results,

@@ -14,9 +14,10 @@ import msgspec
 import pytest
 
 from examples import revenue_per_minute, sessions
+from keyshift.api.spec import GeneratorSource, StreamJob, load_manifest
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import Job, load_job
-from keyshift.runtime.config import GeneratorSource, StreamJob, load_manifest, settings_from
+from keyshift.runtime.config import settings_from
 from keyshift.runtime.expected import revenue_per_minute_results, sessions_results
 from keyshift.runtime.sources.generator import Event
 from keyshift.runtime.testing import JobHarness, PendingTimer

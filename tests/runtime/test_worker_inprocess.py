@@ -14,9 +14,10 @@ import msgspec
 import pytest
 
 from examples.counter import job as counter_job
+from keyshift.api.spec import StreamJob
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import Job, encode_key
-from keyshift.runtime.config import StreamJob, settings_from
+from keyshift.runtime.config import settings_from
 from keyshift.runtime.expected import counter_state_encoded
 from keyshift.runtime.sinks import Origin
 from keyshift.runtime.sources.generator import Generator

@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fill_topic(args: argparse.Namespace) -> int:
-    from keyshift.runtime.config import GeneratorSource, load_manifest
+    from keyshift.api.spec import GeneratorSource, load_manifest
     from keyshift.runtime.kafka import create_topic, fill_topic
     from keyshift.runtime.sources.generator import Generator
 

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from keyshift.api.spec import AutoscalerSpec
 from keyshift.controller.autoscaling.decision import Decision, ScalingHistory
 from keyshift.controller.autoscaling.metrics.base import (
     LoadSample,
@@ -41,7 +42,6 @@ from keyshift.controller.core.loop import Controller, ControllerSettings
 from keyshift.controller.core.pool import WorkerPool
 from keyshift.controller.core.reconcile import Desired
 from keyshift.controller.core.records import RecordStore
-from keyshift.runtime.config import AutoscalerSpec
 from keyshift.runtime.metrics import LOCAL_NAMESPACE
 from keyshift.store import StateStore, StoreError
 

@@ -11,8 +11,9 @@ import sys
 
 from pydantic import ValidationError
 
+from keyshift.api.spec import load_manifest
 from keyshift.runtime.api import JOB_PATH_ENV, JobLoadError, load_job
-from keyshift.runtime.config import load_manifest, settings_from
+from keyshift.runtime.config import settings_from
 from keyshift.runtime.httpserver import start_http
 from keyshift.runtime.worker import Worker
 from keyshift.store import StoreError, open_store

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from keyshift.api.spec import GeneratorSource
 from keyshift.runtime.api import encode_key
-from keyshift.runtime.config import GeneratorSource
 from keyshift.runtime.sources.generator import Event, Generator
 
 CHUNK = 10_000

@@ -50,7 +50,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from keyshift.runtime.config import KafkaClient, KafkaSink, KafkaSource
+from keyshift.api.spec import KafkaClient, KafkaSink, KafkaSource
 from keyshift.runtime.sources import Poison, SourceBatch
 from keyshift.runtime.sources.generator import Generator
 

@@ -18,7 +18,7 @@ from typing import IO, Any, Protocol
 
 import msgspec
 
-from keyshift.runtime.config import KafkaSink, LogSink, NullSink
+from keyshift.api.spec import KafkaSink, LogSink, NullSink
 from keyshift.runtime.sources import Poison
 
 

@@ -35,10 +35,11 @@ import logging
 import time
 from typing import Any
 
+from keyshift.api.spec import GeneratorSource
 from keyshift.runtime.aio import wait_event
 from keyshift.runtime.api import Job
 from keyshift.runtime.cache import StateCache
-from keyshift.runtime.config import GeneratorSource, WorkerSettings
+from keyshift.runtime.config import WorkerSettings
 from keyshift.runtime.failures import FailedKeyGroups
 from keyshift.runtime.faults import crash_point
 from keyshift.runtime.handoff import may_claim, stale_claims

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from keyshift.api.spec import AutoscalerSpec
 from keyshift.controller.autoscaling.decision import (
     DECISIONS_KEPT,
     Decision,
@@ -24,7 +25,6 @@ from keyshift.controller.autoscaling.decision import (
     max_range,
 )
 from keyshift.controller.autoscaling.metrics.base import LoadSample, WorkerLoad
-from keyshift.runtime.config import AutoscalerSpec
 
 SPEC = AutoscalerSpec(enabled=True)  # target 0.7 +- 0.2, catch-up 120 s, window 60 s
 K = 32

@@ -16,6 +16,8 @@ from aiohttp import web
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from keyshift.api.names import worker_name
+from keyshift.api.spec import AutoscalerSpec, QueriesSpec
 from keyshift.controller.autoscaling.metrics.base import (
     FailedKeyGroup,
     LoadSample,
@@ -53,7 +55,6 @@ from keyshift.controller.autoscaling.metrics.prometheus import (
     to_load_sample,
 )
 from keyshift.controller.core.assignment import plan_assignment
-from keyshift.runtime.config import AutoscalerSpec, QueriesSpec, worker_name
 from keyshift.runtime.metrics import WorkerMetrics
 from keyshift.store import Assignment, open_store
 from keyshift.store.server import LocalServer, free_port

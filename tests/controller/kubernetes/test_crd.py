@@ -13,9 +13,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from keyshift.api.spec import StreamJob, StreamJobSpec
 from keyshift.controller.cli import main
 from keyshift.controller.kubernetes.crd import render_yaml, streamjob_crd
-from keyshift.runtime.config import StreamJob, StreamJobSpec
 from tests.k8s import KubernetesEmulator
 
 REPO = Path(__file__).resolve().parents[3]

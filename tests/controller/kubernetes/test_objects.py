@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
+from keyshift.api.names import API_VERSION
+from keyshift.api.spec import StreamJob, StreamJobSpec
 from keyshift.controller.core.pool import WorkerInfo
 from keyshift.controller.core.records import ControllerRecord
 from keyshift.controller.kubernetes.objects import (
@@ -19,7 +21,6 @@ from keyshift.controller.kubernetes.objects import (
 )
 from keyshift.controller.kubernetes.pool import pod_ordinal, worker_info
 from keyshift.controller.kubernetes.status import job_status
-from keyshift.runtime.config import API_VERSION, StreamJob, StreamJobSpec
 from keyshift.store import Assignment
 
 
@@ -465,7 +466,7 @@ def test_every_secret_the_template_names_needs_the_label() -> None:
 def test_the_model_refuses_a_template_that_would_relax_or_break_the_pod(
     template: dict[str, Any], message: str
 ) -> None:
-    from keyshift.runtime.config import InvalidSpec, validate_spec
+    from keyshift.api.spec import InvalidSpec, validate_spec
 
     with pytest.raises(InvalidSpec) as refused:
         validate_spec(body(podTemplate=template)["spec"])

@@ -13,6 +13,8 @@ from typing import Any
 import kubernetes
 import pytest
 
+from keyshift.api.names import API_VERSION
+from keyshift.api.spec import StreamJobSpec
 from keyshift.controller.core.pool import WorkerInfo
 from keyshift.controller.core.records import ControllerRecord
 from keyshift.controller.kubernetes.api import (
@@ -27,7 +29,6 @@ from keyshift.controller.kubernetes.api import (
 from keyshift.controller.kubernetes.job import apply_owned_objects, check_secrets
 from keyshift.controller.kubernetes.objects import secret_refs
 from keyshift.controller.kubernetes.status import job_status, refused_status
-from keyshift.runtime.config import API_VERSION, StreamJobSpec
 from keyshift.store import Assignment
 from tests.k8s.emulator import KubernetesEmulator
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from keyshift.runtime.config import LogSink, load_manifest
+from keyshift.api.spec import LogSink, load_manifest
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer, wait_until
 

@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from keyshift.api.spec import GeneratorSource
 from keyshift.controller.autoscaling.metrics.base import (
     FailedKeyGroup,
     WorkerLoad,
@@ -20,7 +21,6 @@ from keyshift.controller.core.pool import WorkerInfo
 from keyshift.controller.core.records import ControllerRecord
 from keyshift.controller.core.status import failed_summary, status_document, workers_to_restart
 from keyshift.controller.kubernetes.status import job_status
-from keyshift.runtime.config import GeneratorSource
 from keyshift.runtime.metrics import FailureMark, WorkerMetrics
 from keyshift.runtime.sources.generator import Generator
 from keyshift.store import Assignment

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
+from keyshift.api.names import worker_name
 from keyshift.controller.core.assignment import is_ranges, moved, plan_assignment
 from keyshift.controller.core.handoffs import STAGES
-from keyshift.runtime.config import worker_name
 from keyshift.store import RedisStateStore
 from tests.controller.local.localjob import LocalJob
 from tests.support import (

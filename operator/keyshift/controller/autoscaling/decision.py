@@ -90,8 +90,8 @@ from typing import Literal
 
 import msgspec
 
+from keyshift.api.spec import AutoscalerSpec
 from keyshift.controller.autoscaling.metrics.base import LoadSample, WorkerLoad
-from keyshift.runtime.config import AutoscalerSpec
 
 __all__ = [
     "Action",

@@ -20,12 +20,12 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
+from keyshift.api.spec import AutoscalerSpec
 from keyshift.controller.autoscaling.decision import Decision, ScalingHistory, decide
 from keyshift.controller.autoscaling.metrics.base import LoadSample, MetricsProvider, WorkerTarget
 from keyshift.controller.core import metrics as metrics
 from keyshift.controller.core.reconcile import Desired
 from keyshift.controller.core.rescale import Rescale
-from keyshift.runtime.config import AutoscalerSpec
 from keyshift.runtime.metrics import LOCAL_NAMESPACE
 
 log = logging.getLogger("keyshift.autoscaler")

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from keyshift.api.names import ordinal_of, worker_name
 from keyshift.controller.core.assignment import moved
 from keyshift.controller.core.handoffs import (
     HandoffTimeline,
@@ -40,7 +41,6 @@ from keyshift.controller.core.rescale import (
     needs_holders,
     next_step,
 )
-from keyshift.runtime.config import ordinal_of, worker_name
 from keyshift.runtime.faults import crash_point
 from keyshift.store.protocol import Assignment, StateStore
 

@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from keyshift.api.spec import StreamJobSpec
 from keyshift.controller.core.executor import EventSink, RescaleExecutor
 from keyshift.controller.core.pool import WorkerPool
 from keyshift.controller.core.reconcile import Desired, next_rescale
 from keyshift.controller.core.records import RecordStore
 from keyshift.controller.core.rescale import Deadlines, Rescale
-from keyshift.runtime.config import StreamJobSpec
 from keyshift.store.protocol import Assignment, StateStore, StoreError
 
 log = logging.getLogger("keyshift.controller")

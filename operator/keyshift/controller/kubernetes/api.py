@@ -17,7 +17,7 @@ from typing import Any, Final, TypeVar
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from keyshift.runtime.config import GROUP, PLURAL, VERSION
+from keyshift.api.names import GROUP, PLURAL, VERSION
 
 Obj = dict[str, Any]
 T = TypeVar("T")

@@ -25,6 +25,8 @@ from typing import Any
 
 import kopf
 
+from keyshift.api.names import GROUP, PLURAL, VERSION
+from keyshift.api.spec import InvalidSpec
 from keyshift.controller.kubernetes.api import KubeApi, SecretNotAllowed, load_credentials
 from keyshift.controller.kubernetes.job import (
     JobRunner,
@@ -39,7 +41,6 @@ from keyshift.controller.kubernetes.objects import (
     JOB_LABEL,
     WORKER_APP,
 )
-from keyshift.runtime.config import GROUP, PLURAL, VERSION, InvalidSpec
 
 log = logging.getLogger("keyshift.operator")
 RESOURCE = (GROUP, VERSION, PLURAL)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from keyshift.api.spec import InvalidSpec, StreamJobSpec, validate_spec
 from keyshift.controller.autoscaling.decision import Decision
 from keyshift.controller.autoscaling.metrics.base import FailedKeyGroup, MetricsProvider
 from keyshift.controller.autoscaling.runner import event_kind, history_from
@@ -53,7 +54,6 @@ from keyshift.controller.kubernetes.status import (
     refused_status,
 )
 from keyshift.controller.supervisor import ManualRequest, Supervisor, metrics_provider
-from keyshift.runtime.config import InvalidSpec, StreamJobSpec, validate_spec
 from keyshift.store import StateStore, StoreError, open_store
 
 log = logging.getLogger("keyshift.operator")

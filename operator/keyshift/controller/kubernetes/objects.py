@@ -23,7 +23,8 @@ from typing import Any, Final
 
 import yaml
 
-from keyshift.runtime.config import API_VERSION, KIND, StreamJobSpec
+from keyshift.api.names import API_VERSION, KIND
+from keyshift.api.spec import StreamJobSpec
 
 Obj = dict[str, Any]
 

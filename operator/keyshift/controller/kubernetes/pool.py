@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
+from keyshift.api.names import ordinal_of, worker_name
 from keyshift.controller.core.pool import WorkerInfo
 from keyshift.controller.kubernetes.api import KubeApi, Obj
 from keyshift.controller.kubernetes.objects import (
@@ -24,7 +25,6 @@ from keyshift.controller.kubernetes.objects import (
     label_selector,
     statefulset_name,
 )
-from keyshift.runtime.config import ordinal_of, worker_name
 
 STOP_TIMEOUT = 60.0
 POLL_SECONDS = 0.25

@@ -29,9 +29,10 @@ from pathlib import Path
 import httpx
 import psutil
 
+from keyshift.api.names import worker_name
 from keyshift.controller.core.pool import WorkerInfo
 from keyshift.runtime.api import JOB_PATH_ENV
-from keyshift.runtime.config import OUTPUT_DIR_ENV, worker_name
+from keyshift.runtime.config import OUTPUT_DIR_ENV
 from keyshift.runtime.metrics import LOCAL_NAMESPACE, NAMESPACE_ENV
 from keyshift.store.server import free_port
 

@@ -44,6 +44,16 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 
+from keyshift.api.names import ordinal_of
+from keyshift.api.spec import (
+    DuplicateKeyError,
+    InvalidSpec,
+    LogSink,
+    StreamJob,
+    parse_yaml,
+    validate_spec,
+    validation_message,
+)
 from keyshift.controller.autoscaling.decision import Decision
 from keyshift.controller.autoscaling.metrics.base import LoadSample, WorkerTarget
 from keyshift.controller.autoscaling.metrics.direct import DirectScrapeProvider
@@ -55,16 +65,6 @@ from keyshift.controller.core.status import status_document
 from keyshift.controller.local.pool import LocalWorkerPool, pid_alive, stop_pid
 from keyshift.controller.local.view import log_line, render
 from keyshift.controller.supervisor import ManualRequest, Supervisor, metrics_provider
-from keyshift.runtime.config import (
-    DuplicateKeyError,
-    InvalidSpec,
-    LogSink,
-    StreamJob,
-    ordinal_of,
-    parse_yaml,
-    validate_spec,
-    validation_message,
-)
 from keyshift.store import StateStore, open_store
 from keyshift.store.server import LocalServer
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from keyshift.runtime.config import GeneratorSource, RateSpec
+from keyshift.api.spec import GeneratorSource, RateSpec
 from keyshift.runtime.sources import SourceBatch
 
 MASK64 = (1 << 64) - 1

@@ -63,6 +63,7 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_api_client.prometheus_connect import PrometheusConnect
 from urllib3.util.retry import Retry
 
+from keyshift.api.spec import AutoscalerSpec, QueriesSpec
 from keyshift.controller.autoscaling.metrics.base import (
     BUSY,
     CACHE_HITS,
@@ -81,7 +82,6 @@ from keyshift.controller.autoscaling.metrics.base import (
     WorkerTarget,
     failed_key_groups,
 )
-from keyshift.runtime.config import AutoscalerSpec, QueriesSpec
 from keyshift.runtime.metrics import LOCAL_NAMESPACE
 
 __all__ = [
