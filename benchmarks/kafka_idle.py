@@ -24,8 +24,8 @@ from benchmarks.results_md import replace_section
 from examples.counter import job as counter_job
 from keyshift.api.spec import StreamJob
 from keyshift.controller.core.assignment import plan_assignment
-from keyshift.runtime import kafka
 from keyshift.runtime.config import settings_from
+from keyshift.runtime.kafka import source as kafka_source
 from keyshift.runtime.worker import Worker
 from keyshift.store import Assignment, MemoryStore
 from tests.kafka_broker import KafkaBroker
@@ -33,13 +33,13 @@ from tests.support import wait_for
 
 KEY_GROUPS = 16
 POLLING = 0.05
-DEFAULT = kafka.DATA_WAIT_SECONDS
+DEFAULT = kafka_source.DATA_WAIT_SECONDS
 MODES = {"polling every 50 ms": POLLING, "woken by records": DEFAULT}
 
 
 async def idle_cpu(broker: KafkaBroker, data_wait: float, seconds: float) -> float:
     """The worker process's CPU use (fraction of a core) while its key groups idle."""
-    kafka.DATA_WAIT_SECONDS = data_wait
+    kafka_source.DATA_WAIT_SECONDS = data_wait
     topic = f"idle-{secrets.token_hex(4)}"
     broker.create_topic(topic, KEY_GROUPS)
     manifest = StreamJob.model_validate({
@@ -66,7 +66,7 @@ async def idle_cpu(broker: KafkaBroker, data_wait: float, seconds: float) -> flo
     finally:
         worker.stop()
         await task
-        kafka.DATA_WAIT_SECONDS = DEFAULT
+        kafka_source.DATA_WAIT_SECONDS = DEFAULT
 
 
 async def run(rounds: int, seconds: float) -> dict[str, list[float]]:

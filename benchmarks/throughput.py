@@ -185,7 +185,7 @@ def median_cpu(runs: list[Run]) -> float:
 def fill(broker: Any, topic: str, args: argparse.Namespace) -> int:
     """The generator's records, one partition per key group, as ``keyshift fill-topic``
     writes them (event times don't matter here: the counter has no timers)."""
-    from keyshift.runtime.kafka import create_topic, fill_topic
+    from keyshift.runtime.kafka.admin import create_topic, fill_topic
     from keyshift.runtime.sources.generator import Generator
 
     spec = manifest("fill", args).spec

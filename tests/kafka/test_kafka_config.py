@@ -8,7 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from keyshift.api.spec import KafkaSource, StreamJobSpec
-from keyshift.runtime.kafka import client_config, key_bytes, partition_change
+from keyshift.runtime.kafka.client import client_config
+from keyshift.runtime.kafka.sink import key_bytes
+from keyshift.runtime.kafka.source import partition_change
 
 
 def spec(**source: Any) -> StreamJobSpec:

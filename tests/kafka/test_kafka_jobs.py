@@ -20,7 +20,8 @@ from keyshift.api.names import API_VERSION
 from keyshift.api.spec import GeneratorSource, KafkaSink
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import encode_key
-from keyshift.runtime.kafka import KafkaSinkWriter, fill_topic
+from keyshift.runtime.kafka.admin import fill_topic
+from keyshift.runtime.kafka.sink import KafkaSinkWriter
 from keyshift.runtime.sinks import Outputs, TimerOrigin
 from keyshift.runtime.sources.generator import Event, Generator
 from keyshift.store import Assignment, RedisStateStore, open_store

@@ -14,9 +14,10 @@ import pytest
 from examples.counter import job as counter_job
 from keyshift.api.spec import KafkaSource, StreamJob
 from keyshift.controller.core.assignment import plan_assignment
-from keyshift.runtime import kafka, keygroup
+from keyshift.runtime import keygroup
 from keyshift.runtime.config import settings_from
-from keyshift.runtime.kafka import KafkaRecordSource
+from keyshift.runtime.kafka import source as kafka_source
+from keyshift.runtime.kafka.source import KafkaRecordSource
 from keyshift.runtime.worker import Worker
 from keyshift.store import Assignment, MemoryStore
 from tests.kafka_broker import KafkaBroker
@@ -52,7 +53,7 @@ async def test_an_idle_key_group_processes_new_records_without_polling(
 ) -> None:
     """With every fallback wait an hour long, only the wake-up can make an idle key
     group process the records produced after it caught up."""
-    monkeypatch.setattr(kafka, "DATA_WAIT_SECONDS", 3600.0)
+    monkeypatch.setattr(kafka_source, "DATA_WAIT_SECONDS", 3600.0)
     monkeypatch.setattr(keygroup, "IDLE_SECONDS", 3600.0)
     topic = f"idle-{secrets.token_hex(4)}"
     kafka_broker.create_topic(topic, 2)

@@ -18,7 +18,7 @@ import yaml
 from keyshift.api.spec import GeneratorSource, StreamJob
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.faults import ENV
-from keyshift.runtime.kafka import fill_topic
+from keyshift.runtime.kafka.admin import fill_topic
 from keyshift.runtime.sources.generator import Generator
 from keyshift.store import Assignment, open_store
 from keyshift.store.server import LocalServer

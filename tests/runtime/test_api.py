@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -85,11 +86,14 @@ def test_state_names_are_checked_and_unique() -> None:
         )
 
 
-def test_load_job_imports_the_entrypoint() -> None:
+def test_load_job_imports_the_entrypoint(tmp_path: Path) -> None:
     job = load_job("examples.counter:job")
     assert job.name == "counter" and job.state_names == ["count", "total"]
-    with pytest.raises(ValueError, match="module:attribute"):
+    with pytest.raises(JobLoadError, match="module:attribute"):
         load_job("examples.counter")
+    (tmp_path / "broken_job.py").write_text("raise ValueError('no config')\n")
+    with pytest.raises(JobLoadError, match="its module raised ValueError: no config"):
+        load_job("broken_job:job", [str(tmp_path)])
     with pytest.raises(JobLoadError, match="not a Job"):
         load_job("examples.counter:process")
     with pytest.raises(JobLoadError, match=r"'examples\.nope:job' cannot be loaded: No module"):

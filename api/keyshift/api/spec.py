@@ -43,6 +43,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel, to_snake
 
 from keyshift.api.names import API_VERSION, KIND
+from keyshift.errors import KeyshiftError
 from keyshift.store.client import parse_store_url
 from keyshift.store.protocol import check_job_name
 
@@ -961,7 +962,7 @@ def validation_message(exc: ValidationError, prefix: str = "spec.") -> str:
     return "; ".join(parts)
 
 
-class InvalidSpec(ValueError):
+class InvalidSpec(KeyshiftError, ValueError):
     """A StreamJob spec that cannot run; the message says why, field by field."""
 
 
@@ -974,7 +975,7 @@ def validate_spec(raw: Any) -> StreamJobSpec:
         raise InvalidSpec(validation_message(exc)) from None
 
 
-class DuplicateKeyError(yaml.YAMLError):
+class DuplicateKeyError(KeyshiftError, yaml.YAMLError):
     """A mapping of the manifest gives a key twice."""
 
 

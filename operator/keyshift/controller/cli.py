@@ -13,11 +13,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from keyshift.controller.kubernetes.api import KubeUnavailable
-from keyshift.controller.local.run import InvalidManifest, JobAlreadyRunning
-from keyshift.store import StoreError
+from keyshift.controller.local.run import InvalidManifest
+from keyshift.errors import KeyshiftError
 from keyshift.store.admin import add_store_commands
-from keyshift.store.server import ServerStartError
 
 console = Console(width=None if sys.stdout.isatty() else 200)
 """Piped to a file, lines are not wrapped at 80 columns in the middle of a value."""
@@ -136,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _fill_topic(args: argparse.Namespace) -> int:
     from keyshift.api.spec import GeneratorSource, load_manifest
-    from keyshift.runtime.kafka import create_topic, fill_topic
+    from keyshift.runtime.kafka.admin import create_topic, fill_topic
     from keyshift.runtime.sources.generator import Generator
 
     spec = load_manifest(args.manifest).spec
@@ -364,10 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args))
     except InvalidManifest as exc:  # refused before anything started
         parser.exit(2, f"keyshift: error: {exc}\n")
-    except (
-        StoreError, ValueError, OSError, JobAlreadyRunning, ServerStartError, KubeUnavailable,
-    ) as exc:  # fmt: skip
-        # a user's mistake or an outage: a message, not a traceback
+    except (KeyshiftError, OSError) as exc:
+        # a user's mistake or an outage: a message, not a traceback (a bug keeps its own)
         parser.exit(1, f"keyshift: error: {exc}\n")
 
 

@@ -12,11 +12,12 @@ import sys
 from pydantic import ValidationError
 
 from keyshift.api.spec import load_manifest
-from keyshift.runtime.api import JOB_PATH_ENV, JobLoadError, load_job
+from keyshift.errors import KeyshiftError
+from keyshift.runtime.api import JOB_PATH_ENV, load_job
 from keyshift.runtime.config import settings_from
 from keyshift.runtime.httpserver import start_http
 from keyshift.runtime.worker import Worker
-from keyshift.store import StoreError, open_store
+from keyshift.store import open_store
 
 log = logging.getLogger("keyshift.runtime")
 
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return asyncio.run(run(args))
-    except (JobLoadError, ValidationError, ValueError, OSError, StoreError) as exc:
+    except (KeyshiftError, ValidationError, OSError) as exc:  # not a bug: why, no traceback
         report_fatal(f"{type(exc).__name__}: {exc}")
         return 1
 

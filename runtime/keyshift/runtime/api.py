@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import msgspec
 
+from keyshift.errors import KeyshiftError
 from keyshift.runtime.timers import FiredTimer, TimerService
 from keyshift.store.protocol import check_state_name
 
@@ -64,7 +65,7 @@ class CorruptState(BaseException):
         super().__init__(f"state {state!r}: {type(error).__name__}: {error}")
 
 
-class StateTooLarge(Exception):
+class StateTooLarge(KeyshiftError):
     """A map too large to iterate in the worker's state cache: its ``get``, ``put`` and
     ``remove`` work at any size, ``items``/``keys``/``len`` need it cached whole.  A
     user-function error (``errorPolicy`` applies)."""
@@ -436,7 +437,7 @@ class Job(Generic[R]):
         return frozenset(s.name for s in self.states if getattr(s, "entries", False))
 
 
-class JobLoadError(Exception):
+class JobLoadError(KeyshiftError):
     """The job's ``module:attribute`` does not name an importable Job."""
 
 
@@ -487,13 +488,17 @@ def load_job(entrypoint: str, search: Sequence[str] = ()) -> Job[Any]:
 
     module_name, sep, attribute = entrypoint.partition(":")
     if not sep or not module_name or not attribute:
-        raise ValueError(f"job entrypoint {entrypoint!r}: expected 'module:attribute'")
+        raise JobLoadError(f"job entrypoint {entrypoint!r}: expected 'module:attribute'")
     try:
         obj: Any = importlib.import_module(module_name)
         for part in attribute.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise JobLoadError(f"job entrypoint {entrypoint!r} cannot be loaded: {exc}") from exc
+    except Exception as exc:  # the module's own code failed as it was imported
+        raise JobLoadError(
+            f"job entrypoint {entrypoint!r}: its module raised {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(obj, Job):
         raise JobLoadError(f"job entrypoint {entrypoint!r} is a {type(obj).__name__}, not a Job")
     return obj

@@ -14,8 +14,13 @@ from pydantic import Field
 
 from keyshift.api.names import worker_name
 from keyshift.api.spec import Model, StreamJob, StreamJobSpec
+from keyshift.errors import KeyshiftError
 
 OUTPUT_DIR_ENV: Final = "KEYSHIFT_OUTPUT_DIR"
+
+
+class InvalidWorkerSettings(KeyshiftError, ValueError):
+    """A worker started without what it needs to know (its ordinal, the store's URL)."""
 
 
 class WorkerSettings(Model):
@@ -61,11 +66,15 @@ def settings_from(
     if ordinal is None:
         raw = env.get("KEYSHIFT_WORKER_ORDINAL") or env.get("HOSTNAME", "").rpartition("-")[2]
         if not raw.isdigit():
-            raise ValueError("worker ordinal unknown: pass --ordinal or KEYSHIFT_WORKER_ORDINAL")
+            raise InvalidWorkerSettings(
+                "worker ordinal unknown: pass --ordinal or KEYSHIFT_WORKER_ORDINAL"
+            )
         ordinal = int(raw)
     url = store_url or env.get("KEYSHIFT_STORE_URL") or manifest.spec.state_store.url
     if not url:
-        raise ValueError("state store URL unknown: set spec.stateStore.url or KEYSHIFT_STORE_URL")
+        raise InvalidWorkerSettings(
+            "state store URL unknown: set spec.stateStore.url or KEYSHIFT_STORE_URL"
+        )
     password_file = (
         env.get("KEYSHIFT_STORE_PASSWORD_FILE") or manifest.spec.state_store.password_file
     )

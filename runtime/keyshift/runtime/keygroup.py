@@ -20,6 +20,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from keyshift.errors import KeyshiftError
 from keyshift.runtime.aio import wait_event
 from keyshift.runtime.api import (
     IMMUTABLE_TYPES,
@@ -403,7 +404,7 @@ class RecordContext:
         self.too_large = {}
 
 
-class UserFunctionError(Exception):
+class UserFunctionError(KeyshiftError):
     def __init__(self, key_group: int, offset: int, cause: BaseException) -> None:
         self.key_group = key_group
         self.offset = offset
@@ -414,7 +415,7 @@ class UserFunctionError(Exception):
         )
 
 
-class PoisonRecordError(Exception):
+class PoisonRecordError(KeyshiftError):
     """A record that cannot be decoded stopped its key group (``onPoison: fail``)."""
 
     def __init__(self, poison: Poison) -> None:
@@ -425,7 +426,7 @@ class PoisonRecordError(Exception):
         )
 
 
-class CorruptStateError(Exception):
+class CorruptStateError(KeyshiftError):
     """A state value in the store that its codec cannot decode stopped the key group:
     a store error, whatever ``errorPolicy`` says; nothing is committed past the key
     group's last commit."""
@@ -444,7 +445,7 @@ class CorruptStateError(Exception):
         )
 
 
-class StateLayoutError(Exception):
+class StateLayoutError(KeyshiftError):
     """The store holds a map or list state of this job in another layout (one value per
     key, from a keyshift before per-entry collections): the key group stops rather than
     misread it, until the state is migrated (``keyshift store migrate-entries``)."""

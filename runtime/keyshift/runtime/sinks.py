@@ -19,14 +19,15 @@ from typing import IO, Any, Protocol
 import msgspec
 
 from keyshift.api.spec import KafkaSink, LogSink, NullSink
+from keyshift.errors import KeyshiftError
 from keyshift.runtime.sources import Poison
 
 
-class SinkUnavailable(Exception):
+class SinkUnavailable(KeyshiftError):
     """Outputs could not be delivered yet (the state is not committed: retried)."""
 
 
-class OutputsLost(Exception):
+class OutputsLost(KeyshiftError):
     """The sink gave up on outputs of a key group: it must replay from its last commit."""
 
 
@@ -146,7 +147,7 @@ def open_sink(spec: LogSink | NullSink | KafkaSink, output_dir: str | None = Non
         path = os.path.join(output_dir, spec.path) if output_dir and spec.path else spec.path
         return LogSinkWriter(path, fsync=spec.fsync)
     if isinstance(spec, KafkaSink):
-        from keyshift.runtime.kafka import KafkaSinkWriter  # confluent-kafka only when used
+        from keyshift.runtime.kafka.sink import KafkaSinkWriter  # confluent-kafka only when used
 
         return KafkaSinkWriter(spec)
     return NullSinkWriter()

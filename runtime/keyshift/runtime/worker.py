@@ -35,7 +35,7 @@ import logging
 import time
 from typing import Any
 
-from keyshift.api.spec import GeneratorSource
+from keyshift.api.spec import GeneratorSource, InvalidSpec
 from keyshift.runtime.aio import wait_event
 from keyshift.runtime.api import Job
 from keyshift.runtime.cache import StateCache
@@ -219,7 +219,7 @@ class Worker:
         await self._check_eviction_policy()
         info = await self.store.init_job(self.job_name, spec.key_groups)
         if info.key_groups != spec.key_groups:
-            raise ValueError(
+            raise InvalidSpec(
                 f"job {self.job_name!r} has {info.key_groups} key groups in the store but "
                 f"{spec.key_groups} in its spec; the count is fixed for the life of a job"
             )
@@ -289,7 +289,9 @@ class Worker:
         spec = self.settings.spec
         if isinstance(spec.source, GeneratorSource):
             return Generator(spec.source, spec.key_groups, created_at)
-        from keyshift.runtime.kafka import KafkaRecordSource  # confluent-kafka only when used
+        from keyshift.runtime.kafka.source import (
+            KafkaRecordSource,  # confluent-kafka only when used
+        )
 
         source = KafkaRecordSource(
             spec.source, spec.key_groups, group_id=f"keyshift-{self.job_name}",
@@ -303,7 +305,7 @@ class Worker:
         spec = self.settings.spec
         dead_letters: DeadLetters | None = None
         if not isinstance(spec.source, GeneratorSource) and spec.source.on_poison == "dead-letter":
-            from keyshift.runtime.kafka import KafkaDeadLetters
+            from keyshift.runtime.kafka.sink import KafkaDeadLetters
 
             dead_letters = KafkaDeadLetters(spec.source)
         output_dir = self.settings.output_dir

@@ -252,7 +252,7 @@ def _migrate(args: argparse.Namespace) -> int:
                     status.update(f"migrating {args.job}: {done}/{total} key groups")
 
                 summary = await migrate_entries(store, args.job, states, progress)
-        except (LayoutError, ValueError) as exc:
+        except LayoutError as exc:
             console.print(f"[red]{exc}[/red]")
             return 1
         finally:

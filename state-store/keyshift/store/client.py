@@ -24,13 +24,14 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 
+from keyshift.errors import KeyshiftError
 from keyshift.store.connection import HiredisConnection, HiredisSSLConnection
 from keyshift.store.redis_backend import RedisStateStore
 
 SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster")
 
 
-class InvalidStoreURL(ValueError):
+class InvalidStoreURL(KeyshiftError, ValueError):
     pass
 
 

@@ -19,6 +19,7 @@ from typing import Literal
 
 import msgspec
 
+from keyshift.errors import KeyshiftError
 from keyshift.store.protocol import StateStore
 
 Kind = Literal["map", "list"]
@@ -26,7 +27,7 @@ Kind = Literal["map", "list"]
 _encode = msgspec.msgpack.Encoder().encode
 
 
-class LayoutError(ValueError):
+class LayoutError(KeyshiftError, ValueError):
     """A stored value is not the map or array its state's kind says it is."""
 
 
@@ -67,7 +68,7 @@ async def migrate_entries(
     Idempotent: a key group already converted is left alone."""
     info = await store.job_info(job)
     if info is None:
-        raise ValueError(f"job {job!r} has no state in this store")
+        raise LayoutError(f"job {job!r} has no state in this store")
     migrated = converted = 0
     for kg in range(info.key_groups):
         dump = await store.dump_key_group(job, kg)

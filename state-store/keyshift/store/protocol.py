@@ -19,6 +19,8 @@ from collections.abc import AsyncGenerator, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from keyshift.errors import KeyshiftError
+
 JOB_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 """Job names are Kubernetes object names (DNS-1123 labels): no braces, slashes."""
 
@@ -44,7 +46,7 @@ def check_state_name(name: str) -> str:
     return name
 
 
-class StoreError(Exception):
+class StoreError(KeyshiftError):
     """Base class of the state store's own errors."""
 
 

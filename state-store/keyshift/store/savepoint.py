@@ -11,11 +11,14 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import msgspec
 
+from keyshift.errors import KeyshiftError
 from keyshift.store.protocol import KeyGroupDump, StateStore, Timer
+
+_T = TypeVar("_T", bound=msgspec.Struct)
 
 MAGIC = "keyshift-savepoint"
 VERSION = 2
@@ -52,6 +55,18 @@ class SavepointSummary:
     path: Path
 
 
+class SavepointError(KeyshiftError, ValueError):
+    """A savepoint that cannot be written or read: no such job, a job already there, a
+    file that is not a savepoint or is incomplete."""
+
+
+def _decode(data: bytes, into: type[_T], path: Path) -> _T:
+    try:
+        return msgspec.msgpack.decode(data, type=into)
+    except msgspec.DecodeError as exc:  # msgspec's error, translated at the boundary
+        raise SavepointError(f"{path} is not a readable keyshift savepoint: {exc}") from None
+
+
 def _write(out: BinaryIO, obj: msgspec.Struct) -> None:
     data = msgspec.msgpack.encode(obj)
     out.write(_LENGTH.pack(len(data)))
@@ -61,11 +76,11 @@ def _write(out: BinaryIO, obj: msgspec.Struct) -> None:
 def _frames(inp: BinaryIO) -> Iterator[bytes]:
     while head := inp.read(_LENGTH.size):
         if len(head) < _LENGTH.size:
-            raise ValueError("savepoint file is truncated")
+            raise SavepointError("savepoint file is truncated")
         (size,) = _LENGTH.unpack(head)
         data = inp.read(size)
         if len(data) < size:
-            raise ValueError("savepoint file is truncated")
+            raise SavepointError("savepoint file is truncated")
         yield data
 
 
@@ -78,7 +93,7 @@ async def export_job(
     """Write ``job``'s state to ``path``; ``progress(done, total)`` after each key group."""
     info = await store.job_info(job)
     if info is None:
-        raise ValueError(f"job {job!r} has no state in this store")
+        raise SavepointError(f"job {job!r} has no state in this store")
     entries = 0
     tmp = path.with_suffix(path.suffix + ".partial")
     with tmp.open("wb") as out:
@@ -117,22 +132,22 @@ async def import_job(
     of the exported job cannot commit into the imported one.
     """
     if await store.job_info(job) is not None:
-        raise ValueError(
+        raise SavepointError(
             f"job {job!r} already has state in this store; delete it first "
             "(keyshift store delete) so that nothing is overwritten by accident"
         )
     entries = 0
     with path.open("rb") as inp:
         frames = _frames(inp)
-        header = msgspec.msgpack.decode(next(frames, b""), type=_Header)
+        header = _decode(next(frames, b""), _Header, path)
         if header.magic != MAGIC or header.version not in READABLE_VERSIONS:
-            raise ValueError(
+            raise SavepointError(
                 f"{path} is not a keyshift savepoint of version "
                 f"{' or '.join(map(str, READABLE_VERSIONS))}"
             )
         count = 0
         for data in frames:
-            frame = msgspec.msgpack.decode(data, type=_Frame)
+            frame = _decode(data, _Frame, path)
             await store.load_key_group(
                 job,
                 KeyGroupDump(
@@ -151,7 +166,7 @@ async def import_job(
             if progress:
                 progress(count, header.key_groups)
         if count != header.key_groups:
-            raise ValueError(
+            raise SavepointError(
                 f"savepoint {path} holds {count} of {header.key_groups} key groups: incomplete"
             )
     # written last: a job whose import failed midway has no info and can be re-imported

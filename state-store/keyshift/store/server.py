@@ -21,10 +21,12 @@ from pathlib import Path
 
 import redis
 
+from keyshift.errors import KeyshiftError
+
 CLUSTER_SLOTS = 16384
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(KeyshiftError, RuntimeError):
     pass
 
 

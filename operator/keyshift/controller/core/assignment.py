@@ -14,6 +14,8 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from keyshift.errors import KeyshiftError
+
 Owners = tuple[int, ...]
 """``owners[kg]`` is the ordinal of the worker owning key group ``kg``."""
 
@@ -25,9 +27,14 @@ def key_range(worker: int, parallelism: int, key_groups: int) -> range:
     return range(worker * key_groups // parallelism, (worker + 1) * key_groups // parallelism)
 
 
+class PlanError(KeyshiftError, ValueError):
+    """A parallelism the job's key groups cannot have (a user's request, not a bug)."""
+
+
 def check_parallelism(parallelism: int, key_groups: int) -> None:
+    """:class:`PlanError` unless ``1 <= parallelism <= key_groups``."""
     if not 1 <= parallelism <= key_groups:
-        raise ValueError(
+        raise PlanError(
             f"parallelism {parallelism} must be between 1 and the key group count {key_groups}"
         )
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from keyshift.api.spec import StreamJobSpec
+from keyshift.controller.core.assignment import PlanError
 from keyshift.controller.core.executor import EventSink, RescaleExecutor
 from keyshift.controller.core.pool import WorkerPool
 from keyshift.controller.core.reconcile import Desired, next_rescale
@@ -138,7 +139,7 @@ class Controller:
                 self.clock(), self.settings.failover_after, self.store_ok_since, self.load(),
                 self.settings.standby_workers,
             )  # fmt: skip
-        except ValueError as exc:  # e.g. a desired parallelism above the key group count
+        except PlanError as exc:  # e.g. a desired parallelism above the key group count
             self._error(str(exc))
             return
         if rescale is not None:

@@ -18,6 +18,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from keyshift.api.names import GROUP, PLURAL, VERSION
+from keyshift.errors import KeyshiftError
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -30,7 +31,7 @@ SECRET_LABEL: Final = "keyshift.dev/streamjob-secret"
 StreamJobs; the operator refuses every other Secret a StreamJob names."""
 
 
-class KubeError(Exception):
+class KubeError(KeyshiftError):
     """An error of the Kubernetes side.  The ``kubernetes`` client's own exceptions are
     translated into this tree here, at the client's boundary, and never pass it."""
 

@@ -31,6 +31,7 @@ import yaml
 
 from keyshift.api.names import API_VERSION, GROUP, KIND, PLURAL, SINGULAR, VERSION
 from keyshift.api.spec import StreamJobSpec
+from keyshift.errors import KeyshiftError
 from keyshift.store.protocol import JOB_NAME
 
 Schema = dict[str, Any]
@@ -72,7 +73,7 @@ _DROPPED: Final = ("title", "discriminator", "$defs")
 _NUMERIC: Final = ("integer", "number")
 
 
-class SchemaConversionError(ValueError):
+class SchemaConversionError(KeyshiftError, ValueError):
     """The model's JSON schema uses something a structural schema cannot express."""
 
 

@@ -38,7 +38,6 @@ from keyshift.controller.kubernetes.api import (
     SECRET_LABEL,
     Conflict,
     KubeApi,
-    KubeError,
     Obj,
     RefusedSecret,
     SecretKeyMissing,
@@ -54,6 +53,7 @@ from keyshift.controller.kubernetes.status import (
     refused_status,
 )
 from keyshift.controller.supervisor import ManualRequest, Supervisor, metrics_provider
+from keyshift.errors import KeyshiftError
 from keyshift.store import StateStore, StoreError, open_store
 
 log = logging.getLogger("keyshift.operator")
@@ -151,7 +151,7 @@ async def apply_owned_objects(api: KubeApi, body: Obj, spec: StreamJobSpec) -> l
 async def open_job_store(api: KubeApi, namespace: str, spec: StreamJobSpec) -> StateStore:
     url = spec.state_store.url
     if not url:
-        raise ValueError("spec.stateStore.url is required on Kubernetes")
+        raise InvalidSpec("spec.stateStore.url is required on Kubernetes")
     password = ca_data = None
     if spec.state_store.secret_ref:
         secret = spec.state_store.secret_ref
@@ -206,7 +206,7 @@ class JobRunner:
                 try:
                     await self.tick()
                     self.error = None
-                except (StoreError, KubeError, OSError, ValueError) as exc:
+                except (KeyshiftError, OSError) as exc:  # a bug is not caught here
                     self._fail(f"{type(exc).__name__}: {exc}")
                 await stopped.wait(self.settings.tick_seconds)
         finally:
@@ -268,7 +268,7 @@ class JobRunner:
     async def _supervisor(self, spec: StreamJobSpec) -> Supervisor:
         if self.supervisor is not None:
             if spec.key_groups != self.key_groups:
-                raise ValueError("keyGroups cannot change for a running job")
+                raise InvalidSpec("keyGroups cannot change for a running job")
             return self.supervisor
         scaler = spec.autoscaler
         if scaler.enabled and self._provider is None:
@@ -311,7 +311,7 @@ class JobRunner:
         """Prometheus, with the credentials of ``prometheus.secretRef`` if it names one."""
         scaler = spec.autoscaler
         if not scaler.prometheus.url:
-            raise ValueError("spec.autoscaler.prometheus.url is required on Kubernetes")
+            raise InvalidSpec("spec.autoscaler.prometheus.url is required on Kubernetes")
         auth: dict[str, str] = {}
         if scaler.prometheus.secret_ref:
             # SecretNotAllowed when it lacks the label: nothing is read from it, and the

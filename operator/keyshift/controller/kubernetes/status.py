@@ -29,6 +29,7 @@ from keyshift.controller.core.status import (
     failed_summary,
     rescale_summary,
 )
+from keyshift.errors import KeyshiftError
 from keyshift.store.protocol import Assignment
 
 Obj = dict[str, Any]
@@ -221,8 +222,16 @@ def record_to_status(record: ControllerRecord) -> Obj:
     return out
 
 
+class InvalidStatus(KeyshiftError, ValueError):
+    """``status.controller`` that is not a controller record (edited by hand?)."""
+
+
 def record_from_status(status: Mapping[str, Any] | None, job: str) -> ControllerRecord:
+    """The executor's record saved in ``status.controller`` (:class:`InvalidStatus`)."""
     raw = (status or {}).get("controller")
     if not raw:
         return ControllerRecord(job=job)
-    return msgspec.convert(raw, type=ControllerRecord)
+    try:
+        return msgspec.convert(raw, type=ControllerRecord)
+    except msgspec.ValidationError as exc:
+        raise InvalidStatus(f"status.controller is not a controller record: {exc}") from None

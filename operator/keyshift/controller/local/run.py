@@ -65,6 +65,7 @@ from keyshift.controller.core.status import status_document
 from keyshift.controller.local.pool import LocalWorkerPool, pid_alive, stop_pid
 from keyshift.controller.local.view import log_line, render
 from keyshift.controller.supervisor import ManualRequest, Supervisor, metrics_provider
+from keyshift.errors import KeyshiftError
 from keyshift.store import StateStore, open_store
 from keyshift.store.server import LocalServer
 
@@ -75,11 +76,11 @@ LOCAL_MAX_WORKERS: Final = 64
 process, and a manifest's parallelism for a cluster would swamp a laptop."""
 
 
-class JobAlreadyRunning(RuntimeError):
+class JobAlreadyRunning(KeyshiftError, RuntimeError):
     pass
 
 
-class InvalidManifest(ValueError):
+class InvalidManifest(KeyshiftError, ValueError):
     """A manifest ``keyshift run`` refuses before it starts anything (exit code 2)."""
 
     def __init__(self, path: Path, message: str) -> None:

@@ -63,6 +63,7 @@ from keyshift.controller.autoscaling.metrics.base import (
     WorkerTarget,
     failed_key_groups,
 )
+from keyshift.errors import KeyshiftError
 
 #: Scrapes up to this fraction of the window older than the window are kept, so
 #: that a collect interval dividing the window keeps a full window despite jitter.
@@ -97,7 +98,7 @@ class WorkerSnapshot:
     key_groups_finished: int = 0
 
 
-class MetricsFormatError(ValueError):
+class MetricsFormatError(KeyshiftError, ValueError):
     """The exposition text is not a keyshift worker's metrics."""
 
 

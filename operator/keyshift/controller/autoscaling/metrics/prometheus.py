@@ -63,7 +63,7 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_api_client.prometheus_connect import PrometheusConnect
 from urllib3.util.retry import Retry
 
-from keyshift.api.spec import AutoscalerSpec, QueriesSpec
+from keyshift.api.spec import AutoscalerSpec, InvalidSpec, QueriesSpec
 from keyshift.controller.autoscaling.metrics.base import (
     BUSY,
     CACHE_HITS,
@@ -582,9 +582,9 @@ class PrometheusMetricsProvider:
             raise ValueError("window_seconds and timeout must be positive")
         promql_duration(window_seconds)  # a window PromQL can express
         if token is not None and (username is not None or password is not None):
-            raise ValueError("give a bearer token or basic auth credentials, not both")
+            raise InvalidSpec("give a bearer token or basic auth credentials, not both")
         if (username is None) != (password is None):
-            raise ValueError("basic auth needs both username and password")
+            raise InvalidSpec("basic auth needs both username and password")
         self.url = url.rstrip("/")
         self.window_seconds = window_seconds
         self.timeout = timeout
@@ -619,7 +619,7 @@ class PrometheusMetricsProvider:
         ``password``)."""
         url = spec.prometheus.url or default_url
         if not url:
-            raise ValueError("no Prometheus URL: set spec.autoscaler.prometheus.url")
+            raise InvalidSpec("no Prometheus URL: set spec.autoscaler.prometheus.url")
         creds = credentials or {}
         return cls(
             url,
