@@ -24,25 +24,10 @@ from keyshift.controller.autoscaling.metrics.base import (
     WorkerTarget,
     key_group_load,
 )
+from keyshift.controller.autoscaling.metrics.base import (
+    ScalingMetric as M,
+)
 from keyshift.controller.autoscaling.metrics.prometheus import (
-    ARRIVAL_RATE,
-    ASSIGNMENT_GENERATION,
-    BUSY_RATIO,
-    CACHE_HIT_RATIO,
-    FAILED,
-    FAILED_AT_OFFSET,
-    FINISHED_KEY_GROUPS,
-    FIRST_SEEN,
-    KEY_GROUP_ARRIVAL,
-    KEY_GROUP_LAG,
-    KEY_GROUP_PROCESSED,
-    KEY_GROUPS_OWNED,
-    LAG_TREND,
-    LAST_SEEN,
-    PROCESSED_RATE,
-    RESTARTS,
-    TOTAL_LAG,
-    WORKER_LAG,
     Answer,
     PrometheusMetricsProvider,
     Series,
@@ -76,28 +61,32 @@ AT, WINDOW = 10_000.0, 60.0
 def test_default_queries() -> None:
     q = queries_for(JOB, 60, namespace="shop")
     sel = '{streamjob="counter", namespace="shop"}'
-    assert q[KEY_GROUP_ARRIVAL] == (
+    assert q[M.KEY_GROUP_ARRIVAL] == (
         f"deriv((max by (key_group) (keyshift_source_end_offset{sel}))[60s:1s])"
     )
-    assert q[KEY_GROUP_LAG] == f"max by (key_group) (keyshift_source_lag_records{sel})"
-    assert q[KEY_GROUP_PROCESSED] == (
+    assert q[M.KEY_GROUP_LAG] == f"max by (key_group) (keyshift_source_lag_records{sel})"
+    assert q[M.KEY_GROUP_PROCESSED] == (
         f"deriv((max by (key_group) (keyshift_source_position{sel}))[60s:1s])"
     )
-    assert q[LAG_TREND] == (
+    assert q[M.LAG_TREND] == (
         f"deriv((sum(max by (key_group) (keyshift_source_lag_records{sel})))[60s:1s])"
     )
-    assert q[PROCESSED_RATE] == (
+    assert q[M.PROCESSED_RATE] == (
         f"sum by (worker) (rate(keyshift_records_processed_total{sel}[60s]))"
     )
-    assert q[BUSY_RATIO] == f"sum by (worker) (rate(keyshift_busy_seconds_total{sel}[60s]))"
-    assert q[LAST_SEEN] == f"max by (worker) (timestamp(keyshift_records_processed_total{sel}))"
-    assert q[FIRST_SEEN] == (
+    assert q[M.BUSY_RATIO] == f"sum by (worker) (rate(keyshift_busy_seconds_total{sel}[60s]))"
+    assert q[M.LAST_SEEN] == f"max by (worker) (timestamp(keyshift_records_processed_total{sel}))"
+    assert q[M.FIRST_SEEN] == (
         f"min by (worker) (min_over_time(timestamp(keyshift_records_processed_total{sel})[60s:1s]))"
     )
-    assert q[RESTARTS] == f"sum by (worker) (resets(keyshift_records_processed_total{sel}[60s]))"
-    assert ARRIVAL_RATE not in q and TOTAL_LAG not in q  # the sums of the per key group ones
-    assert "keyshift_state_cache_hits_total" in q[CACHE_HIT_RATIO]
-    assert {KEY_GROUPS_OWNED, ASSIGNMENT_GENERATION, WORKER_LAG} <= set(q)
+    assert q[M.RESTARTS] == f"sum by (worker) (resets(keyshift_records_processed_total{sel}[60s]))"
+    assert M.ARRIVAL_RATE not in q and M.LAG not in q  # the sums of the per key group ones
+    assert "keyshift_state_cache_hits_total" in q[M.CACHE_HIT_RATIO]
+    assert {
+        M.KEY_GROUPS_OWNED,
+        M.GENERATION,
+        M.WORKER_LAG,
+    } <= set(q)
 
 
 def test_windows_and_job_names_are_valid_promql() -> None:
@@ -105,10 +94,10 @@ def test_windows_and_job_names_are_valid_promql() -> None:
     assert promql_duration(8.5) == "8500ms"
     with pytest.raises(ValueError, match="positive"):
         promql_duration(0.0001)
-    assert "[300s:5s]" in queries_for(JOB, 300)[KEY_GROUP_ARRIVAL]  # 60 points per window
-    assert "[8500ms:1s]" in queries_for(JOB, 8.5)[KEY_GROUP_ARRIVAL]
+    assert "[300s:5s]" in queries_for(JOB, 300)[M.KEY_GROUP_ARRIVAL]  # 60 points per window
+    assert "[8500ms:1s]" in queries_for(JOB, 8.5)[M.KEY_GROUP_ARRIVAL]
     assert (
-        '{streamjob="a\\"b\\\\c", namespace="local"}' in queries_for('a"b\\c', 60)[PROCESSED_RATE]
+        '{streamjob="a\\"b\\\\c", namespace="local"}' in queries_for('a"b\\c', 60)[M.PROCESSED_RATE]
     )
     assert coverage_tolerance(60) == 3.0 and coverage_tolerance(8) == 1.0
 
@@ -122,18 +111,25 @@ def test_query_overrides() -> None:
         }
     )
     q = queries_for("orders", 30, overrides, namespace="shop")
-    assert q[ARRIVAL_RATE] == 'sum(rate(kafka_topic_partition_current_offset{topic="orders"}[30s]))'
-    assert q[TOTAL_LAG] == 'sum(kafka_consumergroup_lag{consumergroup="orders"})'
     assert (
-        q[LAG_TREND] == 'deriv((sum(sum(kafka_consumergroup_lag{consumergroup="orders"})))[30s:1s])'
+        q[M.ARRIVAL_RATE] == 'sum(rate(kafka_topic_partition_current_offset{topic="orders"}[30s]))'
     )
-    assert q[BUSY_RATIO] == 'avg by (worker) (my_busy{app="orders", ns="shop"})'
-    assert q[PROCESSED_RATE] == queries_for("orders", 30, namespace="shop")[PROCESSED_RATE]
-    assert overridden_queries(overrides) == {ARRIVAL_RATE, TOTAL_LAG, BUSY_RATIO}
+    assert q[M.LAG] == 'sum(kafka_consumergroup_lag{consumergroup="orders"})'
+    assert (
+        q[M.LAG_TREND]
+        == 'deriv((sum(sum(kafka_consumergroup_lag{consumergroup="orders"})))[30s:1s])'
+    )
+    assert q[M.BUSY_RATIO] == 'avg by (worker) (my_busy{app="orders", ns="shop"})'
+    assert q[M.PROCESSED_RATE] == queries_for("orders", 30, namespace="shop")[M.PROCESSED_RATE]
+    assert overridden_queries(overrides) == {
+        M.ARRIVAL_RATE,
+        M.LAG,
+        M.BUSY_RATIO,
+    }
     assert overridden_queries(None) == frozenset()
     # a regex anchor is not a placeholder
     anchored = QueriesSpec.model_validate({"lag": 'sum(lag{group=~"^$job$"})'})
-    assert queries_for("o", 30, anchored)[TOTAL_LAG] == 'sum(lag{group=~"^o$"})'
+    assert queries_for("o", 30, anchored)[M.LAG] == 'sum(lag{group=~"^o$"})'
 
 
 # -- answers -> LoadSample ----------------------------------------------------------------
@@ -150,21 +146,21 @@ def per_worker(v0: float, v1: float) -> list[Series]:
 def full() -> dict[str, Answer]:
     """Both workers there for the whole window; 8 key groups at 50 records/s each."""
     return {
-        KEY_GROUP_ARRIVAL: [s(50.0, key_group=str(kg)) for kg in range(8)],
-        KEY_GROUP_LAG: [s(3, key_group=str(kg)) for kg in range(8)],
-        LAG_TREND: [s(0.25)],
-        PROCESSED_RATE: per_worker(200.0, 199.0),
-        BUSY_RATIO: per_worker(0.25, 1.2),
-        CACHE_HIT_RATIO: per_worker(0.9, math.nan),  # NaN: no reads at all (0/0)
-        LAST_SEEN: per_worker(AT - 0.5, AT - 0.7),
-        FIRST_SEEN: per_worker(AT - WINDOW - 0.4, AT - WINDOW + 0.6),  # within tolerance
-        RESTARTS: per_worker(0, 0),
-        KEY_GROUPS_OWNED: per_worker(4, 4),
-        ASSIGNMENT_GENERATION: per_worker(3, 3),
-        WORKER_LAG: per_worker(12, 12),
-        FAILED: [],  # no key group stopped
-        FINISHED_KEY_GROUPS: per_worker(0, 0),
-        FAILED_AT_OFFSET: [],
+        M.KEY_GROUP_ARRIVAL: [s(50.0, key_group=str(kg)) for kg in range(8)],
+        M.KEY_GROUP_LAG: [s(3, key_group=str(kg)) for kg in range(8)],
+        M.LAG_TREND: [s(0.25)],
+        M.PROCESSED_RATE: per_worker(200.0, 199.0),
+        M.BUSY_RATIO: per_worker(0.25, 1.2),
+        M.CACHE_HIT_RATIO: per_worker(0.9, math.nan),  # NaN: no reads at all (0/0)
+        M.LAST_SEEN: per_worker(AT - 0.5, AT - 0.7),
+        M.FIRST_SEEN: per_worker(AT - WINDOW - 0.4, AT - WINDOW + 0.6),  # within tolerance
+        M.RESTARTS: per_worker(0, 0),
+        M.KEY_GROUPS_OWNED: per_worker(4, 4),
+        M.GENERATION: per_worker(3, 3),
+        M.WORKER_LAG: per_worker(12, 12),
+        M.FAILED_SINCE: [],  # no key group stopped
+        M.KEY_GROUPS_FINISHED: per_worker(0, 0),
+        M.FAILED_OFFSET: [],
     }
 
 
@@ -176,11 +172,11 @@ def sample(answers: dict[str, Answer], overridden: frozenset[str] = frozenset())
 
 def test_failed_key_groups_are_read_per_worker() -> None:
     answers = full()
-    answers[FAILED] = [
+    answers[M.FAILED_SINCE] = [
         s(1_700_000_000.0, worker=W1, key_group="5", reason="user-function"),
         s(1_700_000_100.0, worker=W0, key_group="2", reason="store"),
     ]
-    answers[FAILED_AT_OFFSET] = [s(77, worker=W1, key_group="5")]
+    answers[M.FAILED_OFFSET] = [s(77, worker=W1, key_group="5")]
     got = sample(answers)
     assert got.complete, got.missing
     by_worker = {w.name: w.failed_key_groups for w in got.per_worker}
@@ -190,7 +186,7 @@ def test_failed_key_groups_are_read_per_worker() -> None:
 
 def test_finished_key_groups_are_read_per_worker() -> None:
     answers = full()
-    answers[FINISHED_KEY_GROUPS] = per_worker(4, 3)
+    answers[M.KEY_GROUPS_FINISHED] = per_worker(4, 3)
     got = sample(answers)
     assert got.complete, got.missing
     assert {w.name: w.key_groups_finished for w in got.per_worker} == {W0: 4, W1: 3}
@@ -216,7 +212,7 @@ def test_complete_sample() -> None:
 def test_absent_worker_is_named_not_read_as_zero() -> None:
     answers = full()
     # Stopped: no sample now (stale), though rate() over the window still answers.
-    answers[LAST_SEEN] = [s(AT - 0.5, worker=W0)]
+    answers[M.LAST_SEEN] = [s(AT - 0.5, worker=W0)]
     got = sample(answers)
     assert not got.complete
     assert any(m.startswith(f"{W1}: no sample in Prometheus now") for m in got.missing)
@@ -228,7 +224,7 @@ def test_absent_worker_is_named_not_read_as_zero() -> None:
 
 def test_worker_joined_inside_the_window_is_partial() -> None:
     answers = full()
-    answers[FIRST_SEEN] = per_worker(AT - WINDOW, AT - 10)
+    answers[M.FIRST_SEEN] = per_worker(AT - WINDOW, AT - 10)
     got = sample(answers)
     assert not got.complete and got.workers_reporting == 1
     assert got.missing == (f"{W1}: data only for the last 10.0 s of the 60 s window "
@@ -238,7 +234,7 @@ def test_worker_joined_inside_the_window_is_partial() -> None:
 
 def test_restarted_worker_is_partial() -> None:
     answers = full()
-    answers[RESTARTS] = per_worker(0, 1)
+    answers[M.RESTARTS] = per_worker(0, 1)
     got = sample(answers)
     assert got.workers_reporting == 1
     assert got.missing == (f"{W1}: counters went back (worker restarted) within the window",)
@@ -246,7 +242,7 @@ def test_restarted_worker_is_partial() -> None:
 
 def test_worker_without_a_rate_has_none() -> None:
     answers = full()
-    answers[BUSY_RATIO] = [s(0.25, worker=W0)]
+    answers[M.BUSY_RATIO] = [s(0.25, worker=W0)]
     got = sample(answers)
     assert got.missing == (f"{W1}: no busy ratio (Prometheus returned none for it)",)
     assert got.per_worker[1].busy_ratio is None
@@ -274,7 +270,7 @@ def test_unreachable_prometheus_is_one_reason() -> None:
 
 def test_one_failed_query_affects_only_its_values() -> None:
     answers = full()
-    answers[BUSY_RATIO] = "HTTP 503: overloaded"
+    answers[M.BUSY_RATIO] = "HTTP 503: overloaded"
     got = sample(answers)
     assert got.missing == ("prometheus: HTTP 503: overloaded (queries busy_ratio)",)
     assert all(w.busy_ratio is None for w in got.per_worker)
@@ -284,7 +280,7 @@ def test_one_failed_query_affects_only_its_values() -> None:
 
 def test_key_group_without_a_running_owner() -> None:
     answers = full()
-    answers[KEY_GROUP_LAG] = [s(3, key_group=str(kg)) for kg in range(8) if kg != 5]
+    answers[M.KEY_GROUP_LAG] = [s(3, key_group=str(kg)) for kg in range(8) if kg != 5]
     got = sample(answers)
     assert got.missing == ("key group 5: not reported now (no running owner)",)
     assert got.lag is None  # the sum of the others would hide key group 5's growing lag
@@ -296,23 +292,26 @@ def test_handoff_double_reporting_takes_the_highest() -> None:
     """If the per key group series still carry the worker (a user's recording rule, say),
     a key group two workers report counts once, at its highest value."""
     answers = full()
-    answers[KEY_GROUP_ARRIVAL] = [
+    answers[M.KEY_GROUP_ARRIVAL] = [
         *(s(50.0, key_group=str(kg), worker=W0) for kg in range(5)),
         *(s(50.0, key_group=str(kg), worker=W1) for kg in range(4, 8)),
     ]
-    answers[KEY_GROUP_LAG] = [s(3, key_group=str(kg)) for kg in range(8)]
-    answers[KEY_GROUP_LAG] = [*answers[KEY_GROUP_LAG], s(1, key_group="4")]
+    answers[M.KEY_GROUP_LAG] = [s(3, key_group=str(kg)) for kg in range(8)]
+    answers[M.KEY_GROUP_LAG] = [
+        *answers[M.KEY_GROUP_LAG],
+        s(1, key_group="4"),
+    ]
     got = sample(answers)
     assert got.complete, got.missing
     assert got.arrival_rate == pytest.approx(400)
     assert got.lag == 24
     # the built-in queries take the highest per key group in PromQL already
-    assert "max by (key_group)" in queries_for(JOB, 60)[KEY_GROUP_ARRIVAL]
+    assert "max by (key_group)" in queries_for(JOB, 60)[M.KEY_GROUP_ARRIVAL]
 
 
 def test_end_offset_going_back_gives_no_rate() -> None:
     answers = full()
-    answers[KEY_GROUP_ARRIVAL] = [
+    answers[M.KEY_GROUP_ARRIVAL] = [
         s(-20.0 if kg == 2 else 50.0, key_group=str(kg)) for kg in range(8)
     ]
     got = sample(answers)
@@ -322,10 +321,13 @@ def test_end_offset_going_back_gives_no_rate() -> None:
 
 def test_overrides_that_return_nothing_are_missing_not_zero() -> None:
     answers = full()
-    answers[ARRIVAL_RATE] = []
-    answers[TOTAL_LAG] = [s(700.0, partition="0"), s(300.0, partition="1")]
-    answers[PROCESSED_RATE] = [s(399.0)]  # no worker label
-    got = sample(answers, overridden=frozenset({ARRIVAL_RATE, TOTAL_LAG, PROCESSED_RATE}))
+    answers[M.ARRIVAL_RATE] = []
+    answers[M.LAG] = [s(700.0, partition="0"), s(300.0, partition="1")]
+    answers[M.PROCESSED_RATE] = [s(399.0)]  # no worker label
+    got = sample(
+        answers,
+        overridden=frozenset({M.ARRIVAL_RATE, M.LAG, M.PROCESSED_RATE}),
+    )
     assert got.arrival_rate is None
     assert got.lag == 1000  # summed
     assert got.processed_rate is None
@@ -336,9 +338,12 @@ def test_overrides_that_return_nothing_are_missing_not_zero() -> None:
     assert f"{W0}: no processed rate (the query override returned none for it)" in got.missing
     assert not got.complete
 
-    answers[ARRIVAL_RATE] = [s(250.0), s(150.0)]
-    answers[PROCESSED_RATE] = per_worker(200.0, 199.0)
-    got = sample(answers, overridden=frozenset({ARRIVAL_RATE, TOTAL_LAG, PROCESSED_RATE}))
+    answers[M.ARRIVAL_RATE] = [s(250.0), s(150.0)]
+    answers[M.PROCESSED_RATE] = per_worker(200.0, 199.0)
+    got = sample(
+        answers,
+        overridden=frozenset({M.ARRIVAL_RATE, M.LAG, M.PROCESSED_RATE}),
+    )
     assert got.complete, got.missing
     assert got.arrival_rate == 400.0
 

@@ -91,7 +91,7 @@ from typing import Literal
 import msgspec
 
 from keyshift.api.spec import AutoscalerSpec
-from keyshift.controller.autoscaling.metrics.base import LoadSample, WorkerLoad
+from keyshift.controller.autoscaling.metrics.base import LoadSample, ScalingMetric, WorkerLoad
 
 __all__ = [
     "Action",
@@ -556,20 +556,22 @@ def _inputs(
         "workers_expected": window.workers_expected,
     }
     if est is None:
-        inputs.update(
-            arrival_rate=window.arrival_rate,
-            processed_rate=window.processed_rate,
-            lag=window.lag,
-            lag_trend=window.lag_trend,
-        )
+        inputs.update({
+            ScalingMetric.ARRIVAL_RATE: window.arrival_rate,
+            ScalingMetric.PROCESSED_RATE: window.processed_rate,
+            ScalingMetric.LAG: window.lag,
+            ScalingMetric.LAG_TREND: window.lag_trend,
+        })  # fmt: skip
         if window.missing:
             inputs["missing"] = "; ".join(window.missing)
         return inputs
+    inputs.update({
+        ScalingMetric.ARRIVAL_RATE: round(est.arrival_rate, 3),
+        ScalingMetric.PROCESSED_RATE: round(est.processed_rate, 3),
+        ScalingMetric.LAG: est.lag,
+        ScalingMetric.LAG_TREND: round(est.lag_trend, 3),
+    })  # fmt: skip
     inputs.update(
-        arrival_rate=round(est.arrival_rate, 3),
-        processed_rate=round(est.processed_rate, 3),
-        lag=est.lag,
-        lag_trend=round(est.lag_trend, 3),
         lag_at_window_start=round(est.lag_at_start, 1),
         per_worker_capacity=(
             None if est.per_worker_capacity is None else round(est.per_worker_capacity, 3)

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from keyshift.controller.autoscaling.metrics.base import FailedKeyGroup, LoadSample
+from keyshift.controller.autoscaling.metrics.base import FailedKeyGroup, LoadSample, ScalingMetric
 from keyshift.controller.core.assignment import describe_ranges, key_groups_of
 from keyshift.controller.core.pool import WorkerInfo
 from keyshift.controller.core.rescale import Rescale
@@ -134,11 +134,11 @@ def status_document(
             "pid": info.pid,
             "metrics_url": info.metrics_url,
             "detail": info.detail,
-            "processed_rate": None if wl is None else wl.processed_rate,
-            "busy_ratio": None if wl is None else wl.busy_ratio,
-            "lag": None if wl is None else wl.lag,
-            "cache_hit_ratio": None if wl is None else wl.cache_hit_ratio,
-            "generation": None if wl is None else wl.generation,
+            ScalingMetric.PROCESSED_RATE: None if wl is None else wl.processed_rate,
+            ScalingMetric.BUSY_RATIO: None if wl is None else wl.busy_ratio,
+            ScalingMetric.LAG: None if wl is None else wl.lag,
+            ScalingMetric.CACHE_HIT_RATIO: None if wl is None else wl.cache_hit_ratio,
+            ScalingMetric.GENERATION: None if wl is None else wl.generation,
             "failed_key_groups": [] if wl is None else [f.key_group for f in wl.failed_key_groups],
         })  # fmt: skip
     failed = sorted(

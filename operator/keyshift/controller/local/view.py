@@ -14,6 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from keyshift.controller.autoscaling.metrics.base import ScalingMetric
 from keyshift.controller.core.status import FAILED_HINT, failed_by_reason
 
 
@@ -76,8 +77,8 @@ def render(doc: dict[str, Any], events: Sequence[str] = ()) -> Group:
         ready = Text("yes", "green") if w["ready"] else Text("no", "red")
         workers.add_row(
             str(w["ordinal"]), str(w["pid"] or "-"), ready, w["key_ranges"],
-            _num(w["processed_rate"]), _pct(w["busy_ratio"]), _num(w["lag"]),
-            _pct(w["cache_hit_ratio"]),
+            _num(w[ScalingMetric.PROCESSED_RATE]), _pct(w[ScalingMetric.BUSY_RATIO]),
+            _num(w[ScalingMetric.LAG]), _pct(w[ScalingMetric.CACHE_HIT_RATIO]),
         )  # fmt: skip
 
     rescales = Table(expand=True, box=None, header_style="bold")

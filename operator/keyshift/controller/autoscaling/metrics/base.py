@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 # Sample names as exposed by prometheus_client (counters carry ``_total``).
@@ -33,6 +34,47 @@ FAILED_OFFSET = "keyshift_key_group_failed_offset"
 
 _WORKER_SERIES = (PROCESSED, BUSY, CACHE_HITS, CACHE_MISSES, GENERATION, OWNED)
 _KEY_GROUP_SERIES = (END_OFFSET, POSITION, LAG)
+
+
+class ScalingMetric(StrEnum):
+    """The autoscaler's inputs, named once (as Flink's ``ScalingMetric``): the queries one
+    Prometheus collect runs, the keys of a decision's inputs and of a worker's load in the
+    status document."""
+
+    ARRIVAL_RATE = "arrival_rate"
+    """Records per second arriving at the job's input, over all key groups."""
+    PROCESSED_RATE = "processed_rate"
+    """Records per second processed (per worker, or over all of them)."""
+    BUSY_RATIO = "busy_ratio"
+    """Fraction of the time a worker is busy processing (0..1)."""
+    CACHE_HIT_RATIO = "cache_hit_ratio"
+    """Fraction of state reads the worker's cache answered."""
+    LAG = "lag"
+    """Records not yet processed, over all key groups (or a worker's)."""
+    LAG_TREND = "lag_trend"
+    """How fast the lag grows, records per second (negative: catching up)."""
+    WORKER_LAG = "worker_lag"
+    """Records not yet processed in the key groups one worker owns."""
+    KEY_GROUP_ARRIVAL = "key_group_arrival"
+    """Records per second arriving, per key group."""
+    KEY_GROUP_PROCESSED = "key_group_processed"
+    """Records per second processed, per key group."""
+    KEY_GROUP_LAG = "key_group_lag"
+    """Records not yet processed, per key group."""
+    KEY_GROUPS_OWNED = "key_groups_owned"
+    KEY_GROUPS_FINISHED = "key_groups_finished"
+    GENERATION = "generation"
+    """The assignment generation a worker runs."""
+    FAILED_SINCE = "failed_since"
+    """When a key group its worker stopped stopped (per worker, key group and reason)."""
+    FAILED_OFFSET = "failed_offset"
+    """The record a stopped key group stopped at."""
+    LAST_SEEN = "last_seen"
+    """A worker's newest sample's time."""
+    FIRST_SEEN = "first_seen"
+    """A worker's oldest sample in the window (whether it covers the window)."""
+    RESTARTS = "restarts"
+    """Counter resets in the window (the worker restarted)."""
 
 
 # -- the interface ------------------------------------------------------------------

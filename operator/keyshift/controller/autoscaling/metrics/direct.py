@@ -270,7 +270,9 @@ def _ago(seconds: float) -> str:
 
 
 def summarize(rounds: Sequence[ScrapeRound], workers: Sequence[WorkerTarget]) -> LoadSample:
-    """The load over ``rounds`` (oldest first, already pruned to the window)."""
+    """The load over ``rounds`` (oldest first, already pruned to the window), in the
+    steps the Prometheus provider takes too: the workers' loads, the key groups' rates,
+    then the sums."""
     if not rounds:
         raise ValueError("summarize needs at least one scrape round")
     oldest, newest = rounds[0], rounds[-1]
@@ -281,7 +283,37 @@ def summarize(rounds: Sequence[ScrapeRound], workers: Sequence[WorkerTarget]) ->
         missing.append("window: only one scrape so far, rates need two")
     if not workers:
         missing.append("workers: none expected")
+    per_worker, reporting = _worker_loads(rounds, workers, has_window, missing)
+    rates = _key_group_rates(rounds, workers, has_window, missing)
+    lag_by_key_group = {kg: rates.newest[kg].lag for kg in sorted(rates.newest)}
+    worker_rates_known = [w.processed_rate for w in per_worker if w.processed_rate is not None]
+    return LoadSample(
+        at=newest.at,
+        window_seconds=window,
+        workers_expected=len(workers),
+        workers_reporting=reporting,
+        arrival_rate=sum(rates.arrival.values()) if rates.arrival else None,
+        processed_rate=sum(worker_rates_known) if worker_rates_known else None,
+        lag=sum(lag_by_key_group.values()) if lag_by_key_group else None,
+        lag_trend=sum(rates.trend.values()) if rates.trend else None,
+        per_worker=tuple(per_worker),
+        lag_by_key_group=lag_by_key_group,
+        complete=not missing,
+        missing=tuple(missing),
+        arrival_by_key_group=rates.arrival,
+        processed_by_key_group=rates.processed,
+    )
 
+
+def _worker_loads(
+    rounds: Sequence[ScrapeRound],
+    workers: Sequence[WorkerTarget],
+    has_window: bool,
+    missing: list[str],
+) -> tuple[list[WorkerLoad], int]:
+    """Each worker's load over the window, and how many covered all of it; what is not
+    known is added to ``missing``."""
+    oldest, newest = rounds[0], rounds[-1]
     per_worker: list[WorkerLoad] = []
     reporting = 0
     for target in workers:
@@ -329,17 +361,36 @@ def summarize(rounds: Sequence[ScrapeRound], workers: Sequence[WorkerTarget]) ->
                 key_groups_finished=latest.key_groups_finished,
             )
         )
+    return per_worker, reporting
 
-    # Key groups: each from whichever workers report it in each round.
+
+@dataclass(frozen=True, slots=True)
+class KeyGroupRates:
+    """Per key group over the window: records/s arriving and processed, and the lag's
+    trend; and each key group's newest reading."""
+
+    arrival: dict[int, float]
+    processed: dict[int, float]
+    trend: dict[int, float]
+    newest: dict[int, KeyGroupReading]
+
+
+def _key_group_rates(
+    rounds: Sequence[ScrapeRound],
+    workers: Sequence[WorkerTarget],
+    has_window: bool,
+    missing: list[str],
+) -> KeyGroupRates:
+    """Each key group's rates, from whichever workers report it in each round."""
+    newest = rounds[-1]
     points: dict[int, list[tuple[float, KeyGroupReading]]] = {}
     for r in rounds:
         for kg, reading in _combined_key_groups(r).items():
             points.setdefault(kg, []).append((r.at, reading))
     newest_kgs = _combined_key_groups(newest)
-    arrival: float | None = None
-    trend: float | None = None
-    arrival_by_kg: dict[int, float] = {}
-    processed_by_kg: dict[int, float] = {}
+    arrival: dict[int, float] = {}
+    processed: dict[int, float] = {}
+    trend: dict[int, float] = {}
     for kg in sorted(points):
         series_kg = points[kg]
         if kg not in newest_kgs:
@@ -359,32 +410,13 @@ def summarize(rounds: Sequence[ScrapeRound], workers: Sequence[WorkerTarget]) ->
                 f"{last.end_offset}, no rate"
             )
             continue
-        arrival_by_kg[kg] = (last.end_offset - first.end_offset) / (t1 - t0)
-        arrival = (arrival or 0.0) + arrival_by_kg[kg]
-        trend = (trend or 0.0) + (last.lag - first.lag) / (t1 - t0)
+        arrival[kg] = (last.end_offset - first.end_offset) / (t1 - t0)
+        trend[kg] = (last.lag - first.lag) / (t1 - t0)
         if last.position >= first.position:  # (a replay after a handoff: no rate)
-            processed_by_kg[kg] = (last.position - first.position) / (t1 - t0)
+            processed[kg] = (last.position - first.position) / (t1 - t0)
     if not points and workers:
         missing.append("key groups: no worker reports any (no assignment running)")
-
-    lag_by_key_group = {kg: newest_kgs[kg].lag for kg in sorted(newest_kgs)}
-    worker_rates_known = [w.processed_rate for w in per_worker if w.processed_rate is not None]
-    return LoadSample(
-        at=newest.at,
-        window_seconds=window,
-        workers_expected=len(workers),
-        workers_reporting=reporting,
-        arrival_rate=arrival,
-        processed_rate=sum(worker_rates_known) if worker_rates_known else None,
-        lag=sum(lag_by_key_group.values()) if lag_by_key_group else None,
-        lag_trend=trend,
-        per_worker=tuple(per_worker),
-        lag_by_key_group=lag_by_key_group,
-        complete=not missing,
-        missing=tuple(missing),
-        arrival_by_key_group=arrival_by_kg,
-        processed_by_key_group=processed_by_kg,
-    )
+    return KeyGroupRates(arrival, processed, trend, newest_kgs)
 
 
 # -- the direct scrape ----------------------------------------------------------------------

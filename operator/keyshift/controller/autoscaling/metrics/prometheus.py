@@ -78,6 +78,7 @@ from keyshift.controller.autoscaling.metrics.base import (
     POSITION,
     PROCESSED,
     LoadSample,
+    ScalingMetric,
     WorkerLoad,
     WorkerTarget,
     failed_key_groups,
@@ -99,27 +100,6 @@ __all__ = [
     "to_load_sample",
 ]
 
-
-#: Names of the queries a collect runs (``arrival_rate`` and ``lag`` only when
-#: overridden; otherwise they are the sums of the per key group queries).
-KEY_GROUP_ARRIVAL = "key_group_arrival"
-KEY_GROUP_LAG = "key_group_lag"
-KEY_GROUP_PROCESSED = "key_group_processed"
-ARRIVAL_RATE = "arrival_rate"
-TOTAL_LAG = "lag"
-LAG_TREND = "lag_trend"
-PROCESSED_RATE = "processed_rate"
-BUSY_RATIO = "busy_ratio"
-CACHE_HIT_RATIO = "cache_hit_ratio"
-LAST_SEEN = "last_seen"
-FIRST_SEEN = "first_seen"
-RESTARTS = "restarts"
-KEY_GROUPS_OWNED = "key_groups_owned"
-ASSIGNMENT_GENERATION = "generation"
-WORKER_LAG = "worker_lag"
-FAILED = "failed_since"
-FINISHED_KEY_GROUPS = "key_groups_finished"
-FAILED_AT_OFFSET = "failed_offset"
 
 #: A worker's first sample may come this fraction of the window after its start and
 #: still count as covering the window.
@@ -183,44 +163,46 @@ def queries_for(
     sub = f"[{w}:{promql_duration(subquery_step(window_seconds))}]"
     sel = job_selector(job, namespace)
     kg_lag = f"max by (key_group) ({LAG}{sel})"
-    queries = {
+    queries: dict[str, str] = {
         # per key group: the highest end offset any worker reports (handoffs)
-        KEY_GROUP_ARRIVAL: f"deriv((max by (key_group) ({END_OFFSET}{sel})){sub})",
-        KEY_GROUP_LAG: kg_lag,
-        KEY_GROUP_PROCESSED: f"deriv((max by (key_group) ({POSITION}{sel})){sub})",
-        LAG_TREND: f"deriv((sum({kg_lag})){sub})",
-        PROCESSED_RATE: f"sum by (worker) (rate({PROCESSED}{sel}[{w}]))",
-        BUSY_RATIO: f"sum by (worker) (rate({BUSY}{sel}[{w}]))",
-        CACHE_HIT_RATIO: (
+        ScalingMetric.KEY_GROUP_ARRIVAL: f"deriv((max by (key_group) ({END_OFFSET}{sel})){sub})",
+        ScalingMetric.KEY_GROUP_LAG: kg_lag,
+        ScalingMetric.KEY_GROUP_PROCESSED: f"deriv((max by (key_group) ({POSITION}{sel})){sub})",
+        ScalingMetric.LAG_TREND: f"deriv((sum({kg_lag})){sub})",
+        ScalingMetric.PROCESSED_RATE: f"sum by (worker) (rate({PROCESSED}{sel}[{w}]))",
+        ScalingMetric.BUSY_RATIO: f"sum by (worker) (rate({BUSY}{sel}[{w}]))",
+        ScalingMetric.CACHE_HIT_RATIO: (
             f"sum by (worker) (rate({CACHE_HITS}{sel}[{w}])) / ("
             f"sum by (worker) (rate({CACHE_HITS}{sel}[{w}])) + "
             f"sum by (worker) (rate({CACHE_MISSES}{sel}[{w}])))"
         ),
-        LAST_SEEN: f"max by (worker) (timestamp({PROCESSED}{sel}))",
-        FIRST_SEEN: f"min by (worker) (min_over_time(timestamp({PROCESSED}{sel}){sub}))",
-        RESTARTS: f"sum by (worker) (resets({PROCESSED}{sel}[{w}]))",
-        KEY_GROUPS_OWNED: f"max by (worker) ({OWNED}{sel})",
-        ASSIGNMENT_GENERATION: f"max by (worker) ({GENERATION}{sel})",
-        WORKER_LAG: f"sum by (worker) ({LAG}{sel})",
-        FAILED: f"max by (worker, key_group, reason) ({FAILED_SINCE}{sel})",
-        FINISHED_KEY_GROUPS: f"max by (worker) ({FINISHED}{sel})",
-        FAILED_AT_OFFSET: f"max by (worker, key_group) ({FAILED_OFFSET}{sel})",
+        ScalingMetric.LAST_SEEN: f"max by (worker) (timestamp({PROCESSED}{sel}))",
+        ScalingMetric.FIRST_SEEN: (
+            f"min by (worker) (min_over_time(timestamp({PROCESSED}{sel}){sub}))"
+        ),
+        ScalingMetric.RESTARTS: f"sum by (worker) (resets({PROCESSED}{sel}[{w}]))",
+        ScalingMetric.KEY_GROUPS_OWNED: f"max by (worker) ({OWNED}{sel})",
+        ScalingMetric.GENERATION: f"max by (worker) ({GENERATION}{sel})",
+        ScalingMetric.WORKER_LAG: f"sum by (worker) ({LAG}{sel})",
+        ScalingMetric.FAILED_SINCE: f"max by (worker, key_group, reason) ({FAILED_SINCE}{sel})",
+        ScalingMetric.KEY_GROUPS_FINISHED: f"max by (worker) ({FINISHED}{sel})",
+        ScalingMetric.FAILED_OFFSET: f"max by (worker, key_group) ({FAILED_OFFSET}{sel})",
     }
     if overrides is not None:
         if overrides.arrival_rate:
-            queries[ARRIVAL_RATE] = expand_override(
+            queries[ScalingMetric.ARRIVAL_RATE] = expand_override(
                 overrides.arrival_rate, job, window_seconds, namespace
             )
         if overrides.lag:
             lag = expand_override(overrides.lag, job, window_seconds, namespace)
-            queries[TOTAL_LAG] = lag
-            queries[LAG_TREND] = f"deriv((sum({lag})){sub})"
+            queries[ScalingMetric.LAG] = lag
+            queries[ScalingMetric.LAG_TREND] = f"deriv((sum({lag})){sub})"
         if overrides.processed_rate:
-            queries[PROCESSED_RATE] = expand_override(
+            queries[ScalingMetric.PROCESSED_RATE] = expand_override(
                 overrides.processed_rate, job, window_seconds, namespace
             )
         if overrides.busy_ratio:
-            queries[BUSY_RATIO] = expand_override(
+            queries[ScalingMetric.BUSY_RATIO] = expand_override(
                 overrides.busy_ratio, job, window_seconds, namespace
             )
     return queries
@@ -231,10 +213,10 @@ def overridden_queries(overrides: QueriesSpec | None) -> frozenset[str]:
     if overrides is None:
         return frozenset()
     names = {
-        ARRIVAL_RATE: overrides.arrival_rate,
-        TOTAL_LAG: overrides.lag,
-        PROCESSED_RATE: overrides.processed_rate,
-        BUSY_RATIO: overrides.busy_ratio,
+        ScalingMetric.ARRIVAL_RATE: overrides.arrival_rate,
+        ScalingMetric.LAG: overrides.lag,
+        ScalingMetric.PROCESSED_RATE: overrides.processed_rate,
+        ScalingMetric.BUSY_RATIO: overrides.busy_ratio,
     }
     return frozenset(name for name, query in names.items() if query)
 
@@ -316,6 +298,54 @@ def _ago(seconds: float) -> str:
     return f"{seconds:.1f} s"
 
 
+class _Answers:
+    """The answers of one collect, read by name; what is missing is noted in ``missing``."""
+
+    def __init__(
+        self, answers: Mapping[str, Answer], overridden: frozenset[str], missing: list[str]
+    ) -> None:
+        self.answers = answers
+        self.overridden = overridden
+        self.missing = missing
+
+    def failures(self) -> None:
+        """One line per query error, naming the queries it failed."""
+        failures: dict[str, list[str]] = {}
+        for name, answer in self.answers.items():
+            if isinstance(answer, str):
+                failures.setdefault(answer, []).append(name)
+        for error, names in failures.items():
+            every = len(names) == len(self.answers)
+            which = "all queries" if every else "queries " + ", ".join(sorted(names))
+            self.missing.append(f"prometheus: {error} ({which})")
+
+    def get(self, name: str) -> Sequence[Series] | None:
+        answer = self.answers.get(name)
+        if answer is None:
+            self.missing.append(f"{name}: not queried")
+            return None
+        return None if isinstance(answer, str) else answer
+
+    def per_worker(self, name: str) -> dict[str, float] | None:
+        series = self.get(name)
+        if series is None:
+            return None
+        if name in self.overridden and _finite(series) and not _by_label(series, "worker"):
+            self.missing.append(f"{name}: the query override returns no series with a worker label")
+        return _by_label(series, "worker")
+
+    def total(self, name: str) -> float | None:
+        """The sum of an overridden query's series; none is missing, not zero."""
+        series = self.get(name)
+        if series is None:
+            return None
+        values = [s.value for s in _finite(series)]
+        if not values:
+            self.missing.append(f"{name}: the query override returned no series")
+            return None
+        return sum(values)
+
+
 def to_load_sample(
     answers: Mapping[str, Answer],
     *,
@@ -327,60 +357,84 @@ def to_load_sample(
     namespace: str = LOCAL_NAMESPACE,
 ) -> LoadSample:
     """The ``LoadSample`` of ``job`` (in ``namespace``) from the answers to
-    ``queries_for`` at ``at``."""
+    ``queries_for`` at ``at``, in the steps the direct provider takes too: the workers'
+    loads, the key groups' rates, then the sums."""
     missing: list[str] = []
-
-    failures: dict[str, list[str]] = {}
-    for name, answer in answers.items():
-        if isinstance(answer, str):
-            failures.setdefault(answer, []).append(name)
-    for error, names in failures.items():
-        every = len(names) == len(answers)
-        which = "all queries" if every else "queries " + ", ".join(sorted(names))
-        missing.append(f"prometheus: {error} ({which})")
-
-    def get(name: str) -> Sequence[Series] | None:
-        answer = answers.get(name)
-        if answer is None:
-            missing.append(f"{name}: not queried")
-            return None
-        return None if isinstance(answer, str) else answer
-
-    def per_worker_values(name: str) -> dict[str, float] | None:
-        series = get(name)
-        if series is None:
-            return None
-        if name in overridden and _finite(series) and not _by_label(series, "worker"):
-            missing.append(f"{name}: the query override returns no series with a worker label")
-        return _by_label(series, "worker")
-
-    def total(name: str) -> float | None:
-        """The sum of an overridden query's series; none is missing, not zero."""
-        series = get(name)
-        if series is None:
-            return None
-        values = [s.value for s in _finite(series)]
-        if not values:
-            missing.append(f"{name}: the query override returned no series")
-            return None
-        return sum(values)
-
+    read = _Answers(answers, overridden, missing)
+    read.failures()
     if not workers:
         missing.append("workers: none expected")
+    per_worker, reporting = _worker_loads(read, workers, at, window_seconds, job, namespace)
+    kg = _key_group_rates(read, workers)
 
-    # -- workers
-    last_seen = per_worker_values(LAST_SEEN)
-    first_seen = per_worker_values(FIRST_SEEN)
-    restarts = per_worker_values(RESTARTS)
-    processed = per_worker_values(PROCESSED_RATE)
-    busy = per_worker_values(BUSY_RATIO)
-    hit_ratio = per_worker_values(CACHE_HIT_RATIO) or {}
-    owned = per_worker_values(KEY_GROUPS_OWNED)
-    generation = per_worker_values(ASSIGNMENT_GENERATION)
-    worker_lag = per_worker_values(WORKER_LAG) or {}
-    failed_series = get(FAILED) or []
-    finished = per_worker_values(FINISHED_KEY_GROUPS) or {}
-    offset_series = get(FAILED_AT_OFFSET) or []
+    arrival: float | None = None
+    if ScalingMetric.ARRIVAL_RATE in overridden:
+        arrival = read.total(ScalingMetric.ARRIVAL_RATE)
+    elif kg.arrival is not None and kg.arrival:
+        went_back = sorted(k for k, r in kg.arrival.items() if r < -1e-9)
+        for k in went_back:
+            missing.append(f"key group {k}: end offset went back in the window, no rate")
+        if not went_back:
+            arrival = sum(max(0.0, r) for r in kg.arrival.values())
+
+    lag: int | None = None
+    if ScalingMetric.LAG in overridden:
+        value = read.total(ScalingMetric.LAG)
+        lag = None if value is None else max(0, round(value))
+    elif kg.lag and not kg.unowned:
+        lag = sum(kg.lag.values())  # (with a key group unowned: a lower bound only)
+
+    trend: float | None = None
+    trend_series = read.get(ScalingMetric.LAG_TREND)
+    if trend_series is not None:
+        trends = [s.value for s in _finite(trend_series)]
+        if trends:
+            trend = sum(trends)
+        elif lag is not None:  # (no lag: the reason is given already)
+            missing.append("lag trend: no answer (fewer than two samples in the window)")
+
+    rates = [w.processed_rate for w in per_worker]
+    known = len(per_worker) == len(workers) and all(r is not None for r in rates)
+    return LoadSample(
+        at=at,
+        window_seconds=window_seconds,
+        workers_expected=len(workers),
+        workers_reporting=reporting,
+        arrival_rate=arrival,
+        processed_rate=sum(r for r in rates if r is not None) if known and rates else None,
+        lag=lag,
+        lag_trend=trend,
+        per_worker=tuple(per_worker),
+        lag_by_key_group=kg.lag,
+        complete=not missing,
+        missing=tuple(missing),
+        arrival_by_key_group={k: max(0.0, r) for k, r in sorted((kg.arrival or {}).items())},
+        processed_by_key_group=kg.processed,
+    )
+
+
+def _worker_loads(
+    read: _Answers,
+    workers: Sequence[WorkerTarget],
+    at: float,
+    window_seconds: float,
+    job: str,
+    namespace: str,
+) -> tuple[list[WorkerLoad], int]:
+    """Each worker's load over the window, and how many covered all of it."""
+    missing, overridden = read.missing, read.overridden
+    last_seen = read.per_worker(ScalingMetric.LAST_SEEN)
+    first_seen = read.per_worker(ScalingMetric.FIRST_SEEN)
+    restarts = read.per_worker(ScalingMetric.RESTARTS)
+    processed = read.per_worker(ScalingMetric.PROCESSED_RATE)
+    busy = read.per_worker(ScalingMetric.BUSY_RATIO)
+    hit_ratio = read.per_worker(ScalingMetric.CACHE_HIT_RATIO) or {}
+    owned = read.per_worker(ScalingMetric.KEY_GROUPS_OWNED)
+    generation = read.per_worker(ScalingMetric.GENERATION)
+    worker_lag = read.per_worker(ScalingMetric.WORKER_LAG) or {}
+    failed_series = read.get(ScalingMetric.FAILED_SINCE) or []
+    finished = read.per_worker(ScalingMetric.KEY_GROUPS_FINISHED) or {}
+    offset_series = read.get(ScalingMetric.FAILED_OFFSET) or []
     window_start = at - window_seconds
     tolerance = coverage_tolerance(window_seconds)
 
@@ -411,10 +465,10 @@ def to_load_sample(
         rate = None if processed is None else processed.get(name)
         ratio = None if busy is None else busy.get(name)
         checks: tuple[tuple[str, str, dict[str, float] | None], ...] = (
-            ("processed rate", PROCESSED_RATE, processed),
-            ("busy ratio", BUSY_RATIO, busy),
-            ("key groups owned", KEY_GROUPS_OWNED, owned),
-            ("generation", ASSIGNMENT_GENERATION, generation),
+            ("processed rate", ScalingMetric.PROCESSED_RATE, processed),
+            ("busy ratio", ScalingMetric.BUSY_RATIO, busy),
+            ("key groups owned", ScalingMetric.KEY_GROUPS_OWNED, owned),
+            ("generation", ScalingMetric.GENERATION, generation),
         )
         for what, query, values in checks:
             if values is not None and name not in values:  # (None: the query failed)
@@ -446,10 +500,25 @@ def to_load_sample(
             "annotations)? If a relabeling renames `streamjob` or `namespace`, override "
             "the queries"
         )
+    return per_worker, reporting
 
-    # -- key groups
-    kg_arrival_series = get(KEY_GROUP_ARRIVAL)
-    kg_lag_series = get(KEY_GROUP_LAG)
+
+@dataclass(frozen=True, slots=True)
+class KeyGroupRates:
+    """Per key group: records/s arriving (None: the query failed) and processed, the lag
+    now, and the key groups with an arrival rate but no owner now."""
+
+    arrival: dict[int, float] | None
+    processed: dict[int, float]
+    lag: dict[int, int]
+    unowned: list[int]
+
+
+def _key_group_rates(read: _Answers, workers: Sequence[WorkerTarget]) -> KeyGroupRates:
+    """Each key group's rates and lag, from the per key group queries."""
+    missing = read.missing
+    kg_arrival_series = read.get(ScalingMetric.KEY_GROUP_ARRIVAL)
+    kg_lag_series = read.get(ScalingMetric.KEY_GROUP_LAG)
     kg_arrival = _by_key_group(kg_arrival_series) if kg_arrival_series is not None else None
     lag_by_key_group = (
         {kg: round(v) for kg, v in sorted(_by_key_group(kg_lag_series).items())}
@@ -469,57 +538,13 @@ def to_load_sample(
         for kg in sorted(set(lag_by_key_group) - set(kg_arrival)):
             missing.append(f"key group {kg}: no arrival rate yet (fewer than two samples)")
 
-    kg_processed_series = answers.get(KEY_GROUP_PROCESSED)
-    processed_by_key_group = (
+    kg_processed_series = read.answers.get(ScalingMetric.KEY_GROUP_PROCESSED)
+    processed = (
         {kg: max(0.0, v) for kg, v in sorted(_by_key_group(kg_processed_series).items())}
         if kg_processed_series is not None and not isinstance(kg_processed_series, str)
         else {}
     )  # (not in ``missing``: it only steers a rescale's ranges, which fall back to counts)
-
-    arrival: float | None = None
-    if ARRIVAL_RATE in overridden:
-        arrival = total(ARRIVAL_RATE)
-    elif kg_arrival is not None and kg_arrival:
-        went_back = sorted(kg for kg, r in kg_arrival.items() if r < -1e-9)
-        for kg in went_back:
-            missing.append(f"key group {kg}: end offset went back in the window, no rate")
-        if not went_back:
-            arrival = sum(max(0.0, r) for r in kg_arrival.values())
-
-    lag: int | None = None
-    if TOTAL_LAG in overridden:
-        value = total(TOTAL_LAG)
-        lag = None if value is None else max(0, round(value))
-    elif lag_by_key_group and not unowned:
-        lag = sum(lag_by_key_group.values())  # (with a key group unowned: a lower bound only)
-
-    trend: float | None = None
-    trend_series = get(LAG_TREND)
-    if trend_series is not None:
-        trends = [s.value for s in _finite(trend_series)]
-        if trends:
-            trend = sum(trends)
-        elif lag is not None:  # (no lag: the reason is given already)
-            missing.append("lag trend: no answer (fewer than two samples in the window)")
-
-    rates = [w.processed_rate for w in per_worker]
-    known = len(per_worker) == len(workers) and all(r is not None for r in rates)
-    return LoadSample(
-        at=at,
-        window_seconds=window_seconds,
-        workers_expected=len(workers),
-        workers_reporting=reporting,
-        arrival_rate=arrival,
-        processed_rate=sum(r for r in rates if r is not None) if known and rates else None,
-        lag=lag,
-        lag_trend=trend,
-        per_worker=tuple(per_worker),
-        lag_by_key_group=lag_by_key_group,
-        complete=not missing,
-        missing=tuple(missing),
-        arrival_by_key_group={kg: max(0.0, r) for kg, r in sorted((kg_arrival or {}).items())},
-        processed_by_key_group=processed_by_key_group,
-    )
+    return KeyGroupRates(kg_arrival, processed, lag_by_key_group, unowned)
 
 
 # -- errors ---------------------------------------------------------------------------
