@@ -42,7 +42,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel, to_snake
 
-from keyshift.api.names import API_VERSION, KIND
+from keyshift.api.names import API_VERSION, GROUP, KIND
 from keyshift.errors import KeyshiftError
 from keyshift.store.client import parse_store_url
 from keyshift.store.protocol import check_job_name
@@ -694,9 +694,7 @@ class PodTemplateMetadata(Model):
     @field_validator("labels", "annotations")
     @classmethod
     def _not_the_operators(cls, values: dict[str, str]) -> dict[str, str]:
-        reserved = sorted(
-            k for k in values if k in _RESERVED_LABELS or k.startswith("keyshift.dev/")
-        )
+        reserved = sorted(k for k in values if k in _RESERVED_LABELS or k.startswith(f"{GROUP}/"))
         if reserved:
             raise ValueError(
                 f"{reserved} are the operator's (the workers' selector and bookkeeping): "

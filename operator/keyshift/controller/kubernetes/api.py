@@ -26,7 +26,7 @@ T = TypeVar("T")
 MERGE_PATCH = "application/merge-patch+json"
 
 
-SECRET_LABEL: Final = "keyshift.dev/streamjob-secret"
+SECRET_LABEL: Final = f"{GROUP}/streamjob-secret"
 """The label (value ``"true"``) by which a Secret opts in to being read or mounted for
 StreamJobs; the operator refuses every other Secret a StreamJob names."""
 

@@ -53,10 +53,10 @@ def _api(memo: Any) -> KubeApi:
 
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    settings.persistence.finalizer = "keyshift.dev/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="keyshift.dev")
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix="keyshift.dev", key="last-handled-configuration"
+        prefix=GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 60

@@ -23,17 +23,17 @@ from typing import Any, Final
 
 import yaml
 
-from keyshift.api.names import API_VERSION, KIND
+from keyshift.api.names import API_VERSION, GROUP, KIND
 from keyshift.api.spec import StreamJobSpec
 
 Obj = dict[str, Any]
 
 APP_LABEL: Final = "app.kubernetes.io/name"
-JOB_LABEL: Final = "keyshift.dev/job"
+JOB_LABEL: Final = f"{GROUP}/job"
 WORKER_APP: Final = "keyshift-worker"
 POD_INDEX_LABEL: Final = "apps.kubernetes.io/pod-index"
-CONFIG_HASH: Final = "keyshift.dev/config-hash"
-DELETE_STATE_ANNOTATION: Final = "keyshift.dev/delete-state"
+CONFIG_HASH: Final = f"{GROUP}/config-hash"
+DELETE_STATE_ANNOTATION: Final = f"{GROUP}/delete-state"
 """``"true"`` on a StreamJob: deleting it deletes its state from the store too."""
 
 CONFIG_DIR: Final = "/etc/keyshift"
