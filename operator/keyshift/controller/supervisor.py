@@ -70,6 +70,10 @@ def metrics_provider(
     return DirectScrapeProvider(window_seconds=spec.metrics_window_seconds)
 
 
+_NOTHING_SEEN = object()
+"""No request seen yet: the first one does not count as a change."""
+
+
 class ParallelismChoice:
     """The desired parallelism: the user's unless the autoscaler wants another; a new
     request of the user drops the autoscaler's pending wish (manual scaling wins)."""
@@ -79,15 +83,14 @@ class ParallelismChoice:
     ) -> None:
         self.manual = manual
         self.autoscaler = autoscaler
-        self._seen: object = None
-        self._seen_any = False
+        self._seen: object = _NOTHING_SEEN
 
     def __call__(self) -> Desired:
         request = self.manual()
-        if not self._seen_any or request.asked != self._seen:
-            if self._seen_any and self.autoscaler is not None:
+        if request.asked != self._seen:
+            if self._seen is not _NOTHING_SEEN and self.autoscaler is not None:
                 self.autoscaler.manual_change()
-            self._seen, self._seen_any = request.asked, True
+            self._seen = request.asked
         wish = None if self.autoscaler is None else self.autoscaler.wish
         return choose_desired(request.desired, wish)
 

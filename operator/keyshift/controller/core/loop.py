@@ -30,7 +30,7 @@ log = logging.getLogger("keyshift.controller")
 class ControllerSettings:
     """Every timing of a job's control loop, on both hosts, in one place.
 
-    The first four come from the StreamJob's spec (:meth:`for_spec`); the others are the
+    The first three come from the StreamJob's spec (:meth:`for_spec`); the others are the
     loop's own pace.
     """
 

@@ -365,7 +365,7 @@ def _worker_loads(
 
 
 @dataclass(frozen=True, slots=True)
-class KeyGroupRates:
+class _ScrapedRates:
     """Per key group over the window: records/s arriving and processed, and the lag's
     trend; and each key group's newest reading."""
 
@@ -380,7 +380,7 @@ def _key_group_rates(
     workers: Sequence[WorkerTarget],
     has_window: bool,
     missing: list[str],
-) -> KeyGroupRates:
+) -> _ScrapedRates:
     """Each key group's rates, from whichever workers report it in each round."""
     newest = rounds[-1]
     points: dict[int, list[tuple[float, KeyGroupReading]]] = {}
@@ -416,7 +416,7 @@ def _key_group_rates(
             processed[kg] = (last.position - first.position) / (t1 - t0)
     if not points and workers:
         missing.append("key groups: no worker reports any (no assignment running)")
-    return KeyGroupRates(arrival, processed, trend, newest_kgs)
+    return _ScrapedRates(arrival, processed, trend, newest_kgs)
 
 
 # -- the direct scrape ----------------------------------------------------------------------

@@ -504,7 +504,7 @@ def _worker_loads(
 
 
 @dataclass(frozen=True, slots=True)
-class KeyGroupRates:
+class _QueriedRates:
     """Per key group: records/s arriving (None: the query failed) and processed, the lag
     now, and the key groups with an arrival rate but no owner now."""
 
@@ -514,7 +514,7 @@ class KeyGroupRates:
     unowned: list[int]
 
 
-def _key_group_rates(read: _Answers, workers: Sequence[WorkerTarget]) -> KeyGroupRates:
+def _key_group_rates(read: _Answers, workers: Sequence[WorkerTarget]) -> _QueriedRates:
     """Each key group's rates and lag, from the per key group queries."""
     missing = read.missing
     kg_arrival_series = read.get(ScalingMetric.KEY_GROUP_ARRIVAL)
@@ -544,7 +544,7 @@ def _key_group_rates(read: _Answers, workers: Sequence[WorkerTarget]) -> KeyGrou
         if kg_processed_series is not None and not isinstance(kg_processed_series, str)
         else {}
     )  # (not in ``missing``: it only steers a rescale's ranges, which fall back to counts)
-    return KeyGroupRates(kg_arrival, processed, lag_by_key_group, unowned)
+    return _QueriedRates(kg_arrival, processed, lag_by_key_group, unowned)
 
 
 # -- errors ---------------------------------------------------------------------------
