@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import platform
 import secrets
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ from typing import Any
 import psutil
 
 from examples.counter import job as counter_job
+from hatch_build import HOT_MODULES
 from keyshift.api.spec import GeneratorSource, StreamJob
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.config import settings_from
@@ -351,8 +354,19 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         else None,
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {platform.processor() or 'unknown cpu'}",
+        "worker_code": worker_code(),
     }
     return out
+
+
+def worker_code() -> str:
+    """Whether this process runs the wheel's compiled hot modules (``hatch_build.py``)."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    names = [path.removesuffix(".py").replace("/", ".") for path in HOT_MODULES]
+    compiled = [n for n in names if str(importlib.import_module(n).__file__).endswith(suffix)]
+    if not compiled:
+        return "interpreted"
+    return f"compiled with mypyc: {', '.join(n.rsplit('.', 1)[1] for n in compiled)}"
 
 
 def parse_args() -> argparse.Namespace:
@@ -412,7 +426,8 @@ the first {s["warmup_fraction"]:.0%} not measured (cache warm-up); cache
 {s["cache_bytes"] // 2**20} MiB, checkpointInterval {s["checkpoint_interval_seconds"]} s, batch
 {s["batch_size"]}. Remote: Valkey standalone on loopback (AOF everysec); in-process:
 `keyshift.store.MemoryStore` (same worker, same cache; a commit is a dict update).
-Medians of {rounds} alternating rounds; CPython {s["python"]}, {s["machine"]}.
+Medians of {rounds} alternating rounds; CPython {s["python"]}, {s["machine"]}; worker code
+{s.get("worker_code", "interpreted")}.
 
 Records per CPU second = records measured / the worker process's CPU time (user + system, all
 its threads) over the same window; *with store* adds the Valkey server's CPU over that window;

@@ -91,7 +91,7 @@ def entry_size(key: bytes, value: Value) -> int:
     return ENTRY_OVERHEAD + len(key) + len(value)  # type: ignore[arg-type]
 
 
-class CacheMiss(KeyError):
+class CacheMiss(Exception):
     """A state was read that the runtime did not load first (a runtime bug)."""
 
 

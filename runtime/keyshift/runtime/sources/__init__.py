@@ -14,6 +14,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import msgspec
+
+
+class Event(msgspec.Struct, frozen=True, gc=False):
+    """A generated record: a key and a small positive integer (the generator's
+    records, and the examples' records on Kafka, as JSON).
+
+    Defined here rather than in :mod:`~keyshift.runtime.sources.generator`, which is
+    compiled with mypyc in a wheel (``hatch_build.py``): mypyc drops a class's
+    keywords, and an ``Event`` compiled there would be neither frozen nor hashable.
+    """
+
+    key: str
+    value: int
+
 
 @dataclass(frozen=True, slots=True)
 class Poison:

@@ -19,22 +19,14 @@ import math
 import random
 from collections.abc import Callable
 
-import msgspec
-
 from keyshift.api.spec import GeneratorSource, RateSpec
+from keyshift.runtime.sources import Event as Event  # where jobs import it from
 from keyshift.runtime.sources import SourceBatch
 
 MASK64 = (1 << 64) - 1
 UNBOUNDED = 1 << 62
 BLOCK = 256
 """Records per block: each block of a key group draws from its own seeded stream."""
-
-
-class Event(msgspec.Struct, frozen=True, gc=False):
-    """A generated record: a key and a small positive integer."""
-
-    key: str
-    value: int
 
 
 def mix64(x: int) -> int:
