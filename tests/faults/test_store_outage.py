@@ -4,7 +4,8 @@ not ready, resume when the store is back, and lose nothing; the controller fails
 no one, since a store outage is a common cause a failover would not cure.
 
 Outages of 1 s (connections cut) and 10 s (connections stalled: only timeouts help)
-run in CI; 60 s (cut) runs with ``KEYSHIFT_LONG_FAULTS=1``.
+run in CI; 60 s (cut) runs with ``KEYSHIFT_LONG_FAULTS=1``. The last test is the
+controller alone (as both hosts run it) through an outage its store client gave up on.
 """
 
 from __future__ import annotations
@@ -12,11 +13,16 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
 
-from keyshift.store import open_store
+from keyshift.controller.core.pool import WorkerInfo
+from keyshift.controller.core.reconcile import Desired
+from keyshift.controller.core.records import FileRecordStore
+from keyshift.controller.supervisor import ManualRequest, Supervisor
+from keyshift.store import StoreUnavailable, open_store
 from keyshift.store.server import LocalServer
 from tests.controller.local.localjob import LocalJob
 from tests.faults.proxy import FaultProxy
@@ -98,4 +104,54 @@ async def test_a_store_outage_loses_nothing_and_fails_over_no_one(
     finally:
         local.close()
         await direct.close()
+        proxy.stop()
+
+
+class NoWorkers:
+    """A WorkerPool that starts nothing: the controller alone, without its workers."""
+
+    async def start(self, ordinals: Collection[int]) -> None:
+        return None
+
+    async def stop(self, ordinals: Collection[int]) -> None:
+        return None
+
+    async def workers(self) -> dict[int, WorkerInfo]:
+        return {}
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_an_outage_the_store_client_gave_up_on_restarts_the_failover_clock(
+    standalone_server: LocalServer, job: str, tmp_path: Path
+) -> None:
+    """Both hosts tick through :meth:`Supervisor.tick_through_outage`: when a tick failed on
+    the store (its client's retries ran out) and the next one finds the store at once, no
+    stall shows, yet the workers' heartbeats are as old as the outage: failover must count
+    from the store's return (``store_ok_since``), not fail over every worker."""
+    proxy = FaultProxy("127.0.0.1", standalone_server.port).start()
+    store = open_store(f"redis://{proxy.address}", retry_seconds=0.5)
+    events: list[str] = []
+    supervisor = Supervisor(
+        job, KEY_GROUPS, store, NoWorkers(), FileRecordStore(tmp_path / "record.json", job),
+        manual=lambda: ManualRequest(Desired(2, "manual"), None),
+        on_event=lambda kind, message: events.append(message),
+    )  # fmt: skip
+    try:
+        assert await supervisor.tick_through_outage() is None
+        proxy.cut()
+        outage = await supervisor.tick_through_outage()
+        assert isinstance(outage, StoreUnavailable), outage
+        assert supervisor.controller.last_error == f"state store: {outage}"
+        assert f"state store: {outage}" in events
+        proxy.heal()
+        returned = time.time()
+        assert await supervisor.tick_through_outage() is None
+        assert supervisor.controller.store_ok_since >= returned
+        assert "state store reachable again" in events
+        assert supervisor.controller.last_error is None
+    finally:
+        await supervisor.close()
+        await store.close()
         proxy.stop()

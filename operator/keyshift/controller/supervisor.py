@@ -166,14 +166,23 @@ class Supervisor:
             rescale=controller.executor.record.current, targets=targets,
         )  # fmt: skip
 
+    async def tick_through_outage(self) -> StoreError | None:
+        """:meth:`tick`, with a store error noted by the controller and returned (for the
+        host to report): when the store is back, failover gives the workers their full
+        ``failoverAfter`` to heartbeat again rather than failing over every one of them
+        for the heartbeats the outage kept from the store. Both hosts tick through this."""
+        try:
+            await self.tick()
+        except StoreError as exc:
+            self.controller.store_unreachable(exc)
+            return exc
+        self.controller.last_error = None
+        return None
+
     async def run(self, stop: asyncio.Event) -> None:
         """Tick until ``stop`` is set; store outages are waited out, not fatal."""
         while not stop.is_set():
-            try:
-                await self.tick()
-                self.controller.last_error = None
-            except StoreError as exc:
-                self.controller.store_unreachable(exc)
+            await self.tick_through_outage()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.controller.settings.tick_seconds)
 

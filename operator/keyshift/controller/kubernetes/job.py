@@ -255,7 +255,9 @@ class JobRunner:
         except SecretNotAllowed as exc:  # e.g. the label was removed since the check
             await self._report_refused(exc)
             return
-        await supervisor.tick()
+        outage = await supervisor.tick_through_outage()
+        if outage is not None:
+            raise outage  # reported by run(), as the job's reconcile error
         self._count_finished(supervisor.controller.executor.record)
         if now - self._last_status_at >= self.settings.status_seconds:
             self._last_status_at = now
