@@ -12,13 +12,14 @@ ARG PYTHON_VERSION=3.12
 # ---- build: a virtual environment with keyshift and its dependencies, compiled
 FROM python:${PYTHON_VERSION}-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-# compilers, for a dependency that has no wheel for this platform (they stay in this stage)
+# compilers: for keyshift's hot modules (compiled with mypyc when the wheel is built,
+# hatch_build.py) and any dependency without a wheel for this platform (they stay here)
 RUN apt-get update \
     && apt-get install -y --no-install-recommends build-essential \
     && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/keyshift
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md hatch_build.py ./
 COPY api/ api/
 COPY state-store/ state-store/
 COPY runtime/ runtime/

@@ -73,3 +73,17 @@ def test_the_build_context_has_what_the_dockerfile_copies() -> None:
     for source in copied:
         assert source in allowed, f"{source} is copied but .dockerignore leaves it out"
         assert Path(REPO / source).exists(), source
+
+
+def test_the_image_installs_a_wheel_with_the_hot_modules_compiled() -> None:
+    """``pip install .`` builds the wheel through hatch_build.py, which compiles the
+    per-record path with mypyc; without the hook the build fails, without a C compiler
+    the image would be pure Python (tests/test_compiled.py)."""
+    build = stages()[0]
+    copies = [i for i in build if i.startswith("COPY ") and "--from" not in i]
+    installs = [n for n, i in enumerate(build) if "pip install ." in i]
+    assert installs
+    hook = [n for n, i in enumerate(build) if i in copies and "hatch_build.py" in i.split()]
+    assert hook and hook[0] < installs[0], "hatch_build.py is copied before the install"
+    assert "KEYSHIFT_COMPILE=0" not in " ".join(build)
+    assert any("build-essential" in i for i in build[: installs[0]])
