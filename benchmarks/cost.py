@@ -462,10 +462,10 @@ def results_markdown(data: dict[str, Any]) -> str:
         "restart, not a measured Flink job). keyshift's autoscaler follows the load more "
         "closely and keeps the lag at seconds, where Flink's runs hotter and lets minutes of "
         "lag build (the cells); where the ratio to Flink's autoscaler is above 1, the gap in "
-        "records per CPU second outweighs that. The capacities were measured on a machine "
-        'shared with other work (the notes under "Side by side with Apache Flink"), '
-        "which moves them by tens of percent between runs; the load scale and whole-worker "
-        "granularity move the CPU-hours too (`--load-scale`).\n"
+        "records per CPU second outweighs that. The capacities come from one run (its "
+        'conditions in the notes under "Side by side with Apache Flink"); on a machine '
+        "shared with other work they move by tens of percent between runs; the load scale "
+        "and whole-worker granularity move the CPU-hours too (`--load-scale`).\n"
         + "".join(f"\n{n}\n" for n in data.get("notes") or [])
     )
 
