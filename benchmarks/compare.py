@@ -82,6 +82,8 @@ def keyshift_args(args: argparse.Namespace, keys: int, failover: bool) -> argpar
         no_failover=not failover,
         keep=False,
         warmup=rescale.SETTLE_SECONDS,
+        busy=False,
+        standby=0,
     )
 
 
