@@ -55,3 +55,23 @@ def iterate_all(event: Event, ctx: Context) -> None:
 iterating: Job[Event] = Job(
     name="iterating", process=iterate_all, key_by=lambda e: e.key, states=[totals]
 )
+
+
+# -- expiring state ---------------------------------------------------------------------
+
+TTL_SECONDS = 0.5
+seen = ValueState("seen", int, default=0)
+last_value = ValueState("last", int, ttl=TTL_SECONDS)
+"""The key's last value, forgotten ``TTL_SECONDS`` after it was written."""
+
+
+def remember_last(event: Event, ctx: Context) -> None:
+    """Counts the key's records (kept) and remembers its last value (expires)."""
+    n = ctx.state(seen)
+    n.update(n.value() + 1)
+    ctx.state(last_value).update(event.value)
+
+
+expiring: Job[Event] = Job(
+    name="expiring", process=remember_last, key_by=lambda e: e.key, states=[seen, last_value]
+)

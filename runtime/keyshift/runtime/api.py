@@ -24,8 +24,10 @@ over a list of records with timers and watermarks: :mod:`keyshift.runtime.testin
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import msgspec
@@ -75,7 +77,45 @@ def _decode(state: str, decoder: msgspec.msgpack.Decoder[Any], raw: bytes) -> An
     try:
         return decoder.decode(raw)
     except msgspec.DecodeError as exc:  # ValidationError too: a value of another type
+        expires, inner = split_expiry(raw)
+        if expires is not None:  # written with a ttl the state no longer has: it lives on
+            return _decode(state, decoder, inner)
         raise CorruptState(state, raw, exc) from None
+
+
+TTL_EXT = 1
+"""The msgpack extension code of a value that expires (a ``ValueState`` with ``ttl``): its
+data is the expiry time (unix ms, 8 bytes big-endian), then the value's own msgpack.
+Tools that read the store see an extension value, never a misleading plain one."""
+
+_EXT_FIRST_BYTES = frozenset({0xC7, 0xC8, 0xC9, 0xD8})
+"""The first byte of msgpack's ext 8/16/32 and fixext 16 (an expiring value's forms)."""
+_ext_decoder = msgspec.msgpack.Decoder(msgspec.msgpack.Ext)
+
+
+def now_ms() -> int:
+    """The clock of state expiry: the worker's wall clock (processing time), in ms."""
+    return int(time.time() * 1000)
+
+
+def with_expiry(raw: bytes, expires_ms: int) -> bytes:
+    """``raw`` (a value's msgpack) as a value that expires at ``expires_ms``."""
+    return _encoder.encode(msgspec.msgpack.Ext(TTL_EXT, expires_ms.to_bytes(8, "big") + raw))
+
+
+def split_expiry(raw: bytes) -> tuple[int | None, bytes]:
+    """``(expiry in unix ms, the value's msgpack)`` of a stored value; ``(None, raw)``
+    for a value that does not expire."""
+    if not raw or raw[0] not in _EXT_FIRST_BYTES:
+        return None, raw
+    try:
+        ext = _ext_decoder.decode(raw)
+    except msgspec.DecodeError:
+        return None, raw
+    data = bytes(ext.data)
+    if ext.code != TTL_EXT or len(data) < 8:
+        return None, raw
+    return int.from_bytes(data[:8], "big"), data[8:]
 
 
 IMMUTABLE_TYPES: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None)})
@@ -168,20 +208,47 @@ class StateSpec(Protocol[H]):
 
 @dataclass(frozen=True, eq=False)
 class ValueState(Generic[V]):
-    """One value per key; ``value()`` is ``default`` until updated."""
+    """One value per key; ``value()`` is ``default`` until updated.
+
+    ``ttl`` (seconds, or a ``timedelta``): a value lives that long after it was last
+    written (``update``; reading does not extend it, as Flink's default
+    ``OnCreateAndWrite``). Then it reads as absent (``default``), and the worker that
+    owns its key group removes it from the store in the background, within its fenced
+    commits. Expiry follows the workers' wall clock (processing time), so a replay after
+    a crash may find a value expired that the first run still read.
+    """
 
     name: str
     type: type[V]
     default: V | None = None
+    ttl: float | timedelta | None = None
     _decoder: msgspec.msgpack.Decoder[Any] = field(init=False, repr=False)
+    ttl_ms: int | None = field(init=False, repr=False)
+    """``ttl`` in milliseconds (None: values never expire)."""
 
     def __post_init__(self) -> None:
         check_state_name(self.name)
         object.__setattr__(self, "_decoder", msgspec.msgpack.Decoder(self.type))
+        ttl = self.ttl.total_seconds() if isinstance(self.ttl, timedelta) else self.ttl
+        if ttl is not None and not ttl > 0:
+            raise ValueError(f"state {self.name!r}: ttl must be positive, got {self.ttl!r}")
+        object.__setattr__(self, "ttl_ms", None if ttl is None else max(1, round(ttl * 1000)))
 
     def _decode(self, raw: bytes) -> V:
+        if self.ttl_ms is not None:
+            expires, inner = split_expiry(raw)
+            if expires is not None:
+                if expires <= now_ms():
+                    return self.default  # type: ignore[return-value]
+                raw = inner
         result: V = _decode(self.name, self._decoder, raw)
         return result
+
+    def _encode(self, value: V) -> bytes:
+        raw = _encoder.encode(value)
+        if self.ttl_ms is not None:
+            raw = with_expiry(raw, now_ms() + self.ttl_ms)
+        return raw
 
     def bind(self, access: StateAccess) -> ValueHandle[V]:
         return ValueHandle(self, access)
@@ -259,7 +326,7 @@ class ValueHandle(Generic[V]):
     def update(self, value: V) -> None:
         spec = self._spec
         shareable = type(value) is spec.type and spec.type in IMMUTABLE_TYPES
-        self._access.write_value(spec.name, _encoder.encode(value), value, shareable)
+        self._access.write_value(spec.name, spec._encode(value), value, shareable)
 
     def clear(self) -> None:
         default = self._spec.default

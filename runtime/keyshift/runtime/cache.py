@@ -146,6 +146,11 @@ class StateCache:
         """:meth:`get`, answering :data:`MISSING` instead of raising."""
         return self._entries.get((key_group, state, key), MISSING)  # type: ignore[return-value]
 
+    def is_dirty(self, key_group: int, state: str, key: bytes) -> bool:
+        """Whether the cache holds an uncommitted write of this slot."""
+        dirty = self._dirty.get(key_group)
+        return dirty is not None and (key_group, state, key) in dirty
+
     def contains(self, key_group: int, state: str, key: bytes) -> bool:
         return (key_group, state, key) in self._entries
 

@@ -7,7 +7,8 @@ passes the named point; ``commit.after@3`` kills it on its third pass.  Unset
 ``commit.before.fired`` (the same, passed only by a commit that follows timer firings,
 so that their outputs are flushed and the replay writes them again), ``commit.after``
 (applied by the store, reply never seen), ``release.before`` (final commit done, not
-released), ``release.after``, ``claim.after``.
+released), ``release.after``, ``claim.after``, ``sweep.after`` (expired values turned into
+deletes in the cache, not yet committed).
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ from keyshift.runtime.api import (
     StateTooLarge,
     decode_key,
     encode_key,
+    now_ms,
+    split_expiry,
 )
 from keyshift.runtime.cache import MISSING, CacheMiss, StateCache, entry_size
 from keyshift.runtime.faults import crash_point
@@ -68,6 +70,13 @@ LIST_PAGE = 1000
 IDLE_SECONDS = 1.0
 """How long an idle key group (caught up, all committed) sleeps at most when nothing wakes
 it: new records (the source's ``on_data``), a control request or a due timer do."""
+
+SWEEP_SECONDS = 1.0
+"""How often a key group with expiring state (``ValueState(ttl=...)``) looks for expired
+values in the store, one page of each such state at a time."""
+
+SWEEP_PAGE = 1000
+"""Values per state a sweep looks at (a hint to the store's HSCAN)."""
 
 FENCE_CHECK_SECONDS = 2.0
 """How often a key group with nothing to commit asks the store whether it still holds its
@@ -521,6 +530,10 @@ class KeyGroupRunner:
         self._entry_states = deps.job.entry_states
         self._keyed_states = [s.name for s in deps.job.states if not isinstance(s, MapState)]
         """The states with a value per key (a map has entries only; a list, its length)."""
+        self._expiring = [s.name for s in deps.job.states if getattr(s, "ttl_ms", None)]
+        """The states whose values expire: swept every :data:`SWEEP_SECONDS`."""
+        self._sweep_cursors: dict[str, int] = {}
+        self._last_sweep = time.monotonic()
         layout = stale_layout(deps.job, claim)
         if layout is not None:
             self.failed = StateLayoutError(self.key_group, claim.position, layout)
@@ -1119,6 +1132,8 @@ class KeyGroupRunner:
         deps = self.deps
         kg = self.key_group
         self._last_checkpoint = time.monotonic()
+        if self._expiring and self._last_checkpoint - self._last_sweep >= SWEEP_SECONDS:
+            await self._sweep_expired()
         if not self._uncommitted():
             return
         await deps.outputs.flush(kg)
@@ -1162,6 +1177,32 @@ class KeyGroupRunner:
         self._fired_at_commit = self.timers_fired
         self.timers.committed()
         deps.cache.committed(kg)
+
+    async def _sweep_expired(self) -> None:
+        """Expired values of the next page of each expiring state become deletes of this
+        commit (fenced and atomic like any write), unless the cache holds a newer write
+        of the key. Nothing else can write this key group meanwhile: it is this runner's."""
+        deps = self.deps
+        kg = self.key_group
+        cache = deps.cache
+        self._ctx.flush()  # the batch's writes are newer than anything the store holds
+        self._last_sweep = time.monotonic()
+        now = now_ms()
+        expired = 0
+        for state in self._expiring:
+            page = await deps.store.scan(
+                deps.job_name, kg, state, cursor=self._sweep_cursors.get(state, 0),
+                count=SWEEP_PAGE,
+            )  # fmt: skip
+            self._sweep_cursors[state] = page.cursor
+            for key, raw in page.items:
+                expires, _ = split_expiry(raw)
+                if expires is not None and expires <= now and not cache.is_dirty(kg, state, key):
+                    cache.put(kg, state, key, None)
+                    expired += 1
+        if expired:
+            deps.metrics.state_expired.inc(expired)
+            crash_point("sweep.after")  # the deletes are in the cache, not yet committed
 
     async def _check_fence(self) -> None:
         """With nothing to commit, confirm now and then that the store still holds this

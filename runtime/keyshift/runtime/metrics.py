@@ -177,6 +177,12 @@ class WorkerMetrics:
         )
         self._failed_shown: dict[int, FailureMark] = {}
         self._failed_lock = threading.Lock()
+        self.state_expired = Counter(
+            "keyshift_state_expired",
+            "Expired state values removed from the store (ValueState ttl)",
+            labels,
+            registry=r,
+        ).labels(**self.labels)
         self.records_skipped = Counter(
             "keyshift_records_skipped",
             "Records whose user function raised (errorPolicy skip)",

@@ -17,6 +17,7 @@ from keyshift.store.protocol import (
     CommitResult,
     JobInfo,
     KeyGroupInfo,
+    ScanPage,
     Timer,
     TimerChanges,
 )
@@ -84,6 +85,16 @@ class WorkerStore(Protocol):
         after: bytes | None = None,
         count: int = 1000,
     ) -> list[tuple[bytes, bytes]]: ...
+    async def scan(
+        self,
+        job: str,
+        key_group: int,
+        state_name: str,
+        prefix: bytes = b"",
+        *,
+        cursor: int = 0,
+        count: int = 256,
+    ) -> ScanPage: ...
     async def due_timers(
         self, job: str, key_group: int, queue: str, until: int, *, limit: int = 1000
     ) -> list[Timer]: ...
