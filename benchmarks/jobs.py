@@ -84,3 +84,30 @@ per_entry_job: Job[Event] = Job(
 one_value_job: Job[Event] = Job(
     name="map-one-value", process=one_value_process, key_by=lambda e: e.key, states=[whole_map]
 )
+
+
+# -- key churn (benchmarks/state_ttl.py) --------------------------------------------------
+
+CHURN_TTL_SECONDS = 10.0
+CHURN_VALUE = bytes(64)
+last_seen = ValueState("last", bytes, default=b"")
+last_seen_expiring = ValueState("last", bytes, default=b"", ttl=CHURN_TTL_SECONDS)
+
+
+def remember_key(event: Event, ctx: Context) -> None:
+    ctx.state(last_seen).update(CHURN_VALUE)
+
+
+def remember_key_expiring(event: Event, ctx: Context) -> None:
+    ctx.state(last_seen_expiring).update(CHURN_VALUE)
+
+
+churn_job: Job[Event] = Job(
+    name="churn", process=remember_key, key_by=lambda e: e.key, states=[last_seen]
+)
+"""64 bytes per key, kept forever."""
+churn_ttl_job: Job[Event] = Job(
+    name="churn-ttl", process=remember_key_expiring, key_by=lambda e: e.key,
+    states=[last_seen_expiring],
+)  # fmt: skip
+"""64 bytes per key, expiring ``CHURN_TTL_SECONDS`` after the key's last record."""
