@@ -28,6 +28,7 @@ from keyshift.runtime.api import (
     Job,
     MapState,
     StateTooLarge,
+    ValueState,
     decode_key,
     encode_key,
     now_ms,
@@ -530,7 +531,9 @@ class KeyGroupRunner:
         self._entry_states = deps.job.entry_states
         self._keyed_states = [s.name for s in deps.job.states if not isinstance(s, MapState)]
         """The states with a value per key (a map has entries only; a list, its length)."""
-        self._expiring = [s.name for s in deps.job.states if getattr(s, "ttl_ms", None)]
+        self._expiring = [
+            s.name for s in deps.job.states if isinstance(s, ValueState) and s.ttl_ms is not None
+        ]
         """The states whose values expire: swept every :data:`SWEEP_SECONDS`."""
         self._sweep_cursors: dict[str, int] = {}
         self._last_sweep = time.monotonic()
@@ -1181,11 +1184,11 @@ class KeyGroupRunner:
     async def _sweep_expired(self) -> None:
         """Expired values of the next page of each expiring state become deletes of this
         commit (fenced and atomic like any write), unless the cache holds a newer write
-        of the key. Nothing else can write this key group meanwhile: it is this runner's."""
+        of the key (``_process`` and ``_fire`` have put their writes into the cache by
+        now). Nothing else writes this key group meanwhile: it is this runner's."""
         deps = self.deps
         kg = self.key_group
         cache = deps.cache
-        self._ctx.flush()  # the batch's writes are newer than anything the store holds
         self._last_sweep = time.monotonic()
         now = now_ms()
         expired = 0
