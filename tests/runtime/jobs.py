@@ -63,15 +63,20 @@ TTL_SECONDS = 0.5
 seen = ValueState("seen", int, default=0)
 last_value = ValueState("last", int, ttl=TTL_SECONDS)
 """The key's last value, forgotten ``TTL_SECONDS`` after it was written."""
+values_seen = MapState("values", int, int, ttl=TTL_SECONDS)
+"""Per key, value -> offset it was last seen at; each entry forgotten on its own."""
 
 
 def remember_last(event: Event, ctx: Context) -> None:
-    """Counts the key's records (kept) and remembers its last value (expires)."""
+    """Counts the key's records (kept), remembers its last value and the values it saw
+    (both expire)."""
     n = ctx.state(seen)
     n.update(n.value() + 1)
     ctx.state(last_value).update(event.value)
+    ctx.state(values_seen).put(event.value, ctx.offset)
 
 
 expiring: Job[Event] = Job(
-    name="expiring", process=remember_last, key_by=lambda e: e.key, states=[seen, last_value]
-)
+    name="expiring", process=remember_last, key_by=lambda e: e.key,
+    states=[seen, last_value, values_seen],
+)  # fmt: skip

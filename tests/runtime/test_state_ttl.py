@@ -17,7 +17,7 @@ import pytest
 from keyshift.api.spec import GeneratorSource, StreamJob
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime import api
-from keyshift.runtime.api import Context, Job, ValueState, split_expiry, with_expiry
+from keyshift.runtime.api import Context, Job, MapState, ValueState, split_expiry, with_expiry
 from keyshift.runtime.config import settings_from
 from keyshift.runtime.expected import counter_state_encoded
 from keyshift.runtime.worker import Worker
@@ -69,6 +69,36 @@ def test_a_value_reads_as_absent_once_its_ttl_since_the_last_write_has_passed(
     assert h.output() == ["none", "t1", "none", "t2"]
 
 
+visits = MapState("visits", str, int, ttl=10.0)
+
+
+def visit(record: tuple[str, str], ctx: Context) -> None:
+    m = ctx.state(visits)
+    if record[1]:
+        m.put(record[1], (m.get(record[1]) or 0) + 1)
+    ctx.emit((sorted(m.items()), sorted(m.keys()), len(m), "home" in m))
+
+
+def test_map_entries_expire_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from keyshift.runtime.testing import JobHarness
+
+    clock = Clock(1_000_000)
+    monkeypatch.setattr(api, "now_ms", clock)
+    h = JobHarness(Job(name="visits", process=visit, key_by=lambda r: r[0], states=[visits]))
+    h.process(("u", "home"))
+    clock.ms += 6_000
+    h.process(("u", "cart"))
+    clock.ms += 4_000  # home: 10 s since its put, gone; cart: 4 s
+    h.process(("u", ""))
+    h.process(("u", "home"))  # back, counted from nothing
+    assert h.output() == [
+        ([("home", 1)], ["home"], 1, True),
+        ([("cart", 1), ("home", 1)], ["cart", "home"], 2, True),
+        ([("cart", 1)], ["cart"], 1, False),
+        ([("cart", 1), ("home", 1)], ["cart", "home"], 2, True),
+    ]
+
+
 def test_ttl_must_be_positive() -> None:
     with pytest.raises(ValueError, match="ttl must be positive"):
         ValueState("x", int, ttl=0)
@@ -83,6 +113,8 @@ def test_a_state_that_gains_or_loses_a_ttl_reads_what_is_stored() -> None:
     expiring = with_expiry(plain, 1)  # long expired: but this state has no ttl any more
     assert ValueState("x", int)._decode(expiring) == 7
     assert split_expiry(expiring) == (1, plain) and split_expiry(plain) == (None, plain)
+    assert MapState("m", str, int, ttl=1.0)._live(plain) == plain  # never expires
+    assert MapState("m", str, int)._live(expiring) == expiring  # a plain map's entry
 
 
 K = 4
@@ -136,24 +168,31 @@ async def test_expired_values_leave_the_store_across_a_handoff(worker_store: Any
 
         await wait_for(processed, 20, "every record processed", interval=0.02)
         written = await stored(store, "last")
+        entries = await stored(store, "values")
         assert all(written.values()), "each key group stored its keys' last values"
         assert all(split_expiry(v)[0] for values in written.values() for v in values.values())
+        assert all(entries.values()) and all(
+            split_expiry(v)[0] for values in entries.values() for v in values.values()
+        )
         # a rescale: half the key groups change owner before their values expire
         await store.publish_assignment(
             "ttl", Assignment(2, 2, plan_assignment(K, 2)), expected_generation=1
         )
 
         async def swept() -> bool:
-            return not any((await stored(store, "last")).values())
+            values, in_maps = await stored(store, "last"), await stored(store, "values")
+            return not any(values.values()) and not any(in_maps.values())
 
         await wait_for(swept, 10, "the expired values removed from the store", interval=0.05)
         assert sorted(w0.runners) == [0, 1] and sorted(w1.runners) == [2, 3]
+        for kg in range(K):  # a map's entry index (for iteration) lost them too
+            assert await store.entries("ttl", kg, "values", b"") == []
         expired = sum(
             w.metrics.registry.get_sample_value("keyshift_state_expired_total", w.metrics.labels)
             or 0.0
             for w in (w0, w1)
         )  # fmt: skip
-        assert expired == sum(len(v) for v in written.values())
+        assert expired == sum(len(v) for v in (*written.values(), *entries.values()))
     for kg in range(K):  # the state without a ttl is exact and stays
         expected = counter_state_encoded(m.spec.generator, K, kg, LIMIT)
         kept = {k: v async for k, v in store.scan_all("ttl", kg, "seen")}

@@ -93,6 +93,16 @@ _EXT_FIRST_BYTES = frozenset({0xC7, 0xC8, 0xC9, 0xD8})
 _ext_decoder = msgspec.msgpack.Decoder(msgspec.msgpack.Ext)
 
 
+def ttl_in_ms(state: str, ttl: float | timedelta | None) -> int | None:
+    """A state's ``ttl`` in milliseconds (None: its values never expire)."""
+    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+    if seconds is None:
+        return None
+    if not seconds > 0:
+        raise ValueError(f"state {state!r}: ttl must be positive, got {ttl!r}")
+    return max(1, round(seconds * 1000))
+
+
 def now_ms() -> int:
     """The clock of state expiry: the worker's wall clock (processing time), in ms."""
     return int(time.time() * 1000)
@@ -229,10 +239,7 @@ class ValueState(Generic[V]):
     def __post_init__(self) -> None:
         check_state_name(self.name)
         object.__setattr__(self, "_decoder", msgspec.msgpack.Decoder(self.type))
-        ttl = self.ttl.total_seconds() if isinstance(self.ttl, timedelta) else self.ttl
-        if ttl is not None and not ttl > 0:
-            raise ValueError(f"state {self.name!r}: ttl must be positive, got {self.ttl!r}")
-        object.__setattr__(self, "ttl_ms", None if ttl is None else max(1, round(ttl * 1000)))
+        object.__setattr__(self, "ttl_ms", ttl_in_ms(self.name, self.ttl))
 
     def _decode(self, raw: bytes) -> V:
         if self.ttl_ms is not None:
@@ -262,13 +269,20 @@ class MapState(Generic[MK, V]):
     size (a million entries per key is fine).  Iterating (``items``, ``keys``, ``len``)
     reads the whole map, in the byte order of the encoded map keys (not insertion
     order); it needs the map to fit in the worker's state cache.
+
+    ``ttl``: per entry, as :class:`ValueState`'s per value: an entry is absent ``ttl``
+    after its last ``put`` (for ``get``, ``in``, the iterations and ``len``), and the
+    worker removes it from the store in the background.
     """
 
     name: str
     key_type: type[MK]
     value_type: type[V]
+    ttl: float | timedelta | None = None
     _key_decoder: msgspec.msgpack.Decoder[Any] = field(init=False, repr=False)
     _value_decoder: msgspec.msgpack.Decoder[Any] = field(init=False, repr=False)
+    ttl_ms: int | None = field(init=False, repr=False)
+    """``ttl`` in milliseconds (None: entries never expire)."""
 
     entries: ClassVar[bool] = True
     """Stored per entry (:meth:`StateAccess.read_entries`)."""
@@ -277,6 +291,23 @@ class MapState(Generic[MK, V]):
         check_state_name(self.name)
         object.__setattr__(self, "_key_decoder", msgspec.msgpack.Decoder(self.key_type))
         object.__setattr__(self, "_value_decoder", msgspec.msgpack.Decoder(self.value_type))
+        object.__setattr__(self, "ttl_ms", ttl_in_ms(self.name, self.ttl))
+
+    def _live(self, raw: bytes | None) -> bytes | None:
+        """An entry's stored bytes as its value's msgpack, or None if it is absent or has
+        expired."""
+        if raw is None or self.ttl_ms is None:
+            return raw
+        expires, inner = split_expiry(raw)
+        if expires is None:
+            return raw  # written before the map had a ttl: it does not expire
+        return None if expires <= now_ms() else inner
+
+    def _encode_value(self, value: V) -> bytes:
+        raw = _encoder.encode(value)
+        if self.ttl_ms is not None:
+            raw = with_expiry(raw, now_ms() + self.ttl_ms)
+        return raw
 
     def bind(self, access: StateAccess) -> MapHandle[MK, V]:
         return MapHandle(self, access)
@@ -344,15 +375,20 @@ class MapHandle(Generic[MK, V]):
         result: V = _decode(self._spec.name, self._spec._value_decoder, raw)
         return result
 
+    def _read(self, key: MK) -> bytes | None:
+        spec = self._spec
+        return spec._live(self._access.read_entries(spec.name, [_encoder.encode(key)])[0])
+
     def get(self, key: MK, default: V | None = None) -> V | None:
-        raw = self._access.read_entries(self._spec.name, [_encoder.encode(key)])[0]
+        raw = self._read(key)
         return default if raw is None else self._value(raw)
 
     def __contains__(self, key: MK) -> bool:
-        return self._access.read_entries(self._spec.name, [_encoder.encode(key)])[0] is not None
+        return self._read(key) is not None
 
     def put(self, key: MK, value: V) -> None:
-        self._access.write_entry(self._spec.name, _encoder.encode(key), _encoder.encode(value))
+        spec = self._spec
+        self._access.write_entry(spec.name, _encoder.encode(key), spec._encode_value(value))
 
     def remove(self, key: MK) -> None:
         self._access.write_entry(self._spec.name, _encoder.encode(key), None)
@@ -361,24 +397,35 @@ class MapHandle(Generic[MK, V]):
         """The entries as they are now (later writes do not change the iteration),
         decoded one by one as the iteration goes."""
         spec = self._spec
+        live = self._live_entries()
+        return ((_decode(spec.name, spec._key_decoder, k), self._value(v)) for k, v in live)
+
+    def _live_entries(self) -> list[tuple[bytes, bytes]]:
+        """The entries present now: ``(entry key, value msgpack)``."""
+        spec = self._spec
         entries = self._access.entry_keys(spec.name)
         values = self._access.read_entries(spec.name, entries)
-        return (
-            (_decode(spec.name, spec._key_decoder, k), self._value(v))
+        return [
+            (k, raw)
             for k, v in zip(entries, values, strict=True)
-            if v is not None
-        )
+            if (raw := spec._live(v)) is not None
+        ]
 
     def keys(self) -> Iterator[MK]:
         spec = self._spec
-        entries = self._access.entry_keys(spec.name)
+        if spec.ttl_ms is None:  # the listing alone: no value read
+            entries = self._access.entry_keys(spec.name)
+        else:  # an entry listed may have expired: its value says
+            entries = [k for k, _ in self._live_entries()]
         return (_decode(spec.name, spec._key_decoder, k) for k in entries)
 
     def __iter__(self) -> Iterator[MK]:
         return self.keys()
 
     def __len__(self) -> int:
-        return len(self._access.entry_keys(self._spec.name))
+        if self._spec.ttl_ms is None:
+            return len(self._access.entry_keys(self._spec.name))
+        return len(self._live_entries())
 
     def clear(self) -> None:
         name = self._spec.name

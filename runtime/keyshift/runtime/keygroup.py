@@ -532,9 +532,12 @@ class KeyGroupRunner:
         self._keyed_states = [s.name for s in deps.job.states if not isinstance(s, MapState)]
         """The states with a value per key (a map has entries only; a list, its length)."""
         self._expiring = [
-            s.name for s in deps.job.states if isinstance(s, ValueState) and s.ttl_ms is not None
+            s.name
+            for s in deps.job.states
+            if isinstance(s, (ValueState, MapState)) and s.ttl_ms is not None
         ]
-        """The states whose values expire: swept every :data:`SWEEP_SECONDS`."""
+        """The states whose values (or map entries) expire: swept every
+        :data:`SWEEP_SECONDS`. A map entry's field is the same as its cache slot's key."""
         self._sweep_cursors: dict[str, int] = {}
         self._last_sweep = time.monotonic()
         layout = stale_layout(deps.job, claim)

@@ -179,7 +179,7 @@ class WorkerMetrics:
         self._failed_lock = threading.Lock()
         self.state_expired = Counter(
             "keyshift_state_expired",
-            "Expired state values removed from the store (ValueState ttl)",
+            "Expired state values and map entries removed from the store (states with a ttl)",
             labels,
             registry=r,
         ).labels(**self.labels)
