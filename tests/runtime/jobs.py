@@ -65,6 +65,8 @@ last_value = ValueState("last", int, ttl=TTL_SECONDS)
 """The key's last value, forgotten ``TTL_SECONDS`` after it was written."""
 values_seen = MapState("values", int, int, ttl=TTL_SECONDS)
 """Per key, value -> offset it was last seen at; each entry forgotten on its own."""
+offsets_seen = ListState("offsets", int, ttl=TTL_SECONDS)
+"""Per key, the offsets of its records; each element forgotten on its own."""
 
 
 def remember_last(event: Event, ctx: Context) -> None:
@@ -74,9 +76,10 @@ def remember_last(event: Event, ctx: Context) -> None:
     n.update(n.value() + 1)
     ctx.state(last_value).update(event.value)
     ctx.state(values_seen).put(event.value, ctx.offset)
+    ctx.state(offsets_seen).append(ctx.offset)
 
 
 expiring: Job[Event] = Job(
     name="expiring", process=remember_last, key_by=lambda e: e.key,
-    states=[seen, last_value, values_seen],
+    states=[seen, last_value, values_seen, offsets_seen],
 )  # fmt: skip

@@ -17,7 +17,15 @@ import pytest
 from keyshift.api.spec import GeneratorSource, StreamJob
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime import api
-from keyshift.runtime.api import Context, Job, MapState, ValueState, split_expiry, with_expiry
+from keyshift.runtime.api import (
+    Context,
+    Job,
+    ListState,
+    MapState,
+    ValueState,
+    split_expiry,
+    with_expiry,
+)
 from keyshift.runtime.config import settings_from
 from keyshift.runtime.expected import counter_state_encoded
 from keyshift.runtime.worker import Worker
@@ -99,6 +107,36 @@ def test_map_entries_expire_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
     ]
 
 
+clicks = ListState("clicks", str, ttl=10.0)
+
+
+def click(record: tuple[str, str], ctx: Context) -> None:
+    c = ctx.state(clicks)
+    if record[1]:
+        c.append(record[1])
+    ctx.emit((c.get(), len(c)))
+
+
+def test_list_elements_expire_one_by_one_and_the_list_starts_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from keyshift.runtime.testing import JobHarness
+
+    clock = Clock(1_000_000)
+    monkeypatch.setattr(api, "now_ms", clock)
+    h = JobHarness(Job(name="clicks", process=click, key_by=lambda r: r[0], states=[clicks]))
+    h.process(("u", "a"))
+    clock.ms += 6_000
+    h.process(("u", "b"))
+    clock.ms += 4_000  # a: 10 s since its append, gone; b: 4 s
+    h.process(("u", ""))
+    clock.ms += 6_000  # b gone too, and the stored length with it
+    h.process(("u", ""))
+    h.process(("u", "c"))
+    assert h.output() == [(["a"], 1), (["a", "b"], 2), (["b"], 1), ([], 0), (["c"], 1)]
+    assert h.state(clicks, "u") == ["c"]
+
+
 def test_ttl_must_be_positive() -> None:
     with pytest.raises(ValueError, match="ttl must be positive"):
         ValueState("x", int, ttl=0)
@@ -169,6 +207,8 @@ async def test_expired_values_leave_the_store_across_a_handoff(worker_store: Any
         await wait_for(processed, 20, "every record processed", interval=0.02)
         written = await stored(store, "last")
         entries = await stored(store, "values")
+        elements = await stored(store, "offsets")  # the elements and each key's length
+        assert all(elements.values())
         assert all(written.values()), "each key group stored its keys' last values"
         assert all(split_expiry(v)[0] for values in written.values() for v in values.values())
         assert all(entries.values()) and all(
@@ -180,19 +220,21 @@ async def test_expired_values_leave_the_store_across_a_handoff(worker_store: Any
         )
 
         async def swept() -> bool:
-            values, in_maps = await stored(store, "last"), await stored(store, "values")
-            return not any(values.values()) and not any(in_maps.values())
+            left = [await stored(store, state) for state in ("last", "values", "offsets")]
+            return not any(any(per_kg.values()) for per_kg in left)
 
         await wait_for(swept, 10, "the expired values removed from the store", interval=0.05)
         assert sorted(w0.runners) == [0, 1] and sorted(w1.runners) == [2, 3]
-        for kg in range(K):  # a map's entry index (for iteration) lost them too
+        for kg in range(K):  # the entry indexes (for iteration) lost them too
             assert await store.entries("ttl", kg, "values", b"") == []
+            assert await store.entries("ttl", kg, "offsets", b"") == []
         expired = sum(
             w.metrics.registry.get_sample_value("keyshift_state_expired_total", w.metrics.labels)
             or 0.0
             for w in (w0, w1)
         )  # fmt: skip
-        assert expired == sum(len(v) for v in (*written.values(), *entries.values()))
+        removed = (*written.values(), *entries.values(), *elements.values())
+        assert expired == sum(len(v) for v in removed)
     for kg in range(K):  # the state without a ttl is exact and stays
         expected = counter_state_encoded(m.spec.generator, K, kg, LIMIT)
         kept = {k: v async for k, v in store.scan_all("ttl", kg, "seen")}

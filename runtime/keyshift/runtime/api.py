@@ -319,24 +319,53 @@ class ListState(Generic[V]):
 
     Stored per element, with the length on its own: ``append`` costs the same whatever
     the list's length; iterating reads the whole list.
+
+    ``ttl``: per element, ``ttl`` after its ``append``; iteration and ``len`` skip the
+    expired ones. The stored length expires with the last append, so a key whose every
+    element has expired leaves nothing in the store once the sweep has passed.
     """
 
     name: str
     element_type: type[V]
+    ttl: float | timedelta | None = None
     _decoder: msgspec.msgpack.Decoder[Any] = field(init=False, repr=False)
+    ttl_ms: int | None = field(init=False, repr=False)
+    """``ttl`` in milliseconds (None: elements never expire)."""
 
     entries: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         check_state_name(self.name)
         object.__setattr__(self, "_decoder", msgspec.msgpack.Decoder(self.element_type))
+        object.__setattr__(self, "ttl_ms", ttl_in_ms(self.name, self.ttl))
 
     def bind(self, access: StateAccess) -> ListHandle[V]:
         return ListHandle(self, access)
 
     def _length(self, raw: bytes) -> int:
+        """The stored length: the slots appended so far (0 once the last append expired)."""
+        expires, inner = split_expiry(raw)
+        if expires is not None:
+            if self.ttl_ms is not None and expires <= now_ms():
+                return 0
+            raw = inner
         length: int = _decode(self.name, _length_decoder, raw)
         return length
+
+    def _live(self, raw: bytes | None) -> bytes | None:
+        """An element's value msgpack, or None if it is absent or has expired."""
+        if raw is None:
+            return None
+        expires, inner = split_expiry(raw)
+        if expires is None:
+            return raw
+        return None if self.ttl_ms is not None and expires <= now_ms() else inner
+
+    def _encode(self, value: Any) -> bytes:
+        raw = _encoder.encode(value)
+        if self.ttl_ms is not None:
+            raw = with_expiry(raw, now_ms() + self.ttl_ms)
+        return raw
 
 
 _length_decoder = msgspec.msgpack.Decoder(int)
@@ -443,16 +472,27 @@ class ListHandle(Generic[V]):
         self._spec = spec
         self._access = access
 
-    def __len__(self) -> int:
+    def _slots(self) -> int:
+        """Elements appended since the list was last empty (expired ones included)."""
         spec = self._spec
         length: int = self._access.read_value(spec.name, spec._length, 0)
         return length
 
-    def _raw(self) -> list[bytes | None]:
-        count = len(self)
-        return self._access.read_entries(
-            self._spec.name, [_encoder.encode(i) for i in range(count)]
+    def __len__(self) -> int:
+        if self._spec.ttl_ms is None:
+            return self._slots()
+        return len(self._live())
+
+    def _live(self) -> list[bytes]:
+        """The elements' value msgpack, in order, the expired ones left out."""
+        spec = self._spec
+        raws = self._access.read_entries(
+            spec.name, [_encoder.encode(i) for i in range(self._slots())]
         )
+        live = [spec._live(raw) for raw in raws]
+        if spec.ttl_ms is None and None in live:  # only an expired element may be missing
+            raise CorruptState(spec.name, b"", ValueError("the list lacks an element"))
+        return [raw for raw in live if raw is not None]
 
     def get(self) -> list[V]:
         return list(self)
@@ -460,27 +500,25 @@ class ListHandle(Generic[V]):
     def __iter__(self) -> Iterator[V]:
         """The elements as they are now, decoded one by one as the iteration goes."""
         spec = self._spec
-        raws = self._raw()
-        if None in raws:
-            raise CorruptState(spec.name, b"", ValueError("the list lacks an element"))
-        return (_decode(spec.name, spec._decoder, raw) for raw in raws)  # type: ignore[arg-type]
+        return (_decode(spec.name, spec._decoder, raw) for raw in self._live())
 
     def append(self, value: V) -> None:
         self.extend((value,))
 
     def extend(self, values: Iterable[V]) -> None:
-        name = self._spec.name
-        count = start = len(self)
+        spec = self._spec
+        name = spec.name
+        count = start = self._slots()
         access = self._access
         for value in values:
-            access.write_entry(name, _encoder.encode(count), _encoder.encode(value))
+            access.write_entry(name, _encoder.encode(count), spec._encode(value))
             count += 1
-        if count != start:
-            access.write_value(name, _encoder.encode(count), count, True)
+        if count != start:  # with a ttl, the length expires with this, the last append
+            access.write_value(name, spec._encode(count), count, True)
 
     def clear(self) -> None:
         name = self._spec.name
-        for i in range(len(self)):
+        for i in range(self._slots()):
             self._access.write_entry(name, _encoder.encode(i), None)
         self._access.write_value(name, None, 0, True)
 

@@ -26,6 +26,7 @@ from keyshift.runtime.api import (
     IMMUTABLE_TYPES,
     CorruptState,
     Job,
+    ListState,
     MapState,
     StateTooLarge,
     ValueState,
@@ -534,10 +535,10 @@ class KeyGroupRunner:
         self._expiring = [
             s.name
             for s in deps.job.states
-            if isinstance(s, (ValueState, MapState)) and s.ttl_ms is not None
+            if isinstance(s, (ValueState, MapState, ListState)) and s.ttl_ms is not None
         ]
-        """The states whose values (or map entries) expire: swept every
-        :data:`SWEEP_SECONDS`. A map entry's field is the same as its cache slot's key."""
+        """The states whose values (map entries, list elements and lengths) expire: swept
+        every :data:`SWEEP_SECONDS`. An entry's field in the store is its cache slot's key."""
         self._sweep_cursors: dict[str, int] = {}
         self._last_sweep = time.monotonic()
         layout = stale_layout(deps.job, claim)
