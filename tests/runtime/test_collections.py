@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import msgspec
@@ -25,7 +24,7 @@ from keyshift.runtime.worker import Worker
 from keyshift.store import Assignment, RedisStateStore
 from keyshift.store.migrate import LayoutError, migrate_entries
 from keyshift.store.server import LocalServer
-from tests.runtime import jobs
+from tests.runtime import jobs, running_worker
 from tests.store.test_admin_cli import keyshift
 from tests.support import wait_for
 
@@ -72,19 +71,11 @@ def manifest(
     )
 
 
-@asynccontextmanager
-async def running(
+def running(
     m: StreamJob, job: Job[Any], store: Any, ordinal: int, sink: CollectingSink
-) -> AsyncIterator[Worker]:
+) -> AbstractAsyncContextManager[Worker]:
     settings = settings_from(m, ordinal=ordinal, store_url="memory://")
-    worker = Worker(settings, job, store, sink=sink)
-    task = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        async with asyncio.timeout(30):
-            await task
+    return running_worker(settings, job, store, sink=sink)
 
 
 async def positions(store: Any, name: str) -> list[int]:

@@ -4,9 +4,8 @@ background, within its fenced commits, whoever owns the key group now."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from keyshift.runtime.expected import counter_state_encoded
 from keyshift.runtime.worker import Worker
 from keyshift.store import Assignment, open_store
 from keyshift.store.server import LocalServer
-from tests.runtime import jobs
+from tests.runtime import jobs, running_worker
 from tests.support import WorkerProcess, all_done, counter_manifest, wait_for, write_manifest
 
 token = ValueState("token", str, default="none", ttl=timedelta(seconds=10))
@@ -174,16 +173,9 @@ def manifest() -> StreamJob:
     )
 
 
-@asynccontextmanager
-async def running(m: StreamJob, store: Any, ordinal: int) -> AsyncIterator[Worker]:
-    worker = Worker(settings_from(m, ordinal=ordinal, store_url="memory://"), jobs.expiring, store)
-    task = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        async with asyncio.timeout(30):
-            await task
+def running(m: StreamJob, store: Any, ordinal: int) -> AbstractAsyncContextManager[Worker]:
+    settings = settings_from(m, ordinal=ordinal, store_url="memory://")
+    return running_worker(settings, jobs.expiring, store)
 
 
 async def stored(store: Any, state: str) -> dict[int, dict[bytes, bytes]]:

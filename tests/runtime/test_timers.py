@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from keyshift.runtime.worker import Worker
 from keyshift.store import Assignment, MemoryStore, RedisStateStore, open_store
 from keyshift.store.protocol import Timer, TimerChanges
 from keyshift.store.server import LocalServer
+from tests.runtime import running_worker
 from tests.support import WorkerProcess, write_manifest
 
 # -- pure: the watermark --------------------------------------------------------------
@@ -222,19 +223,11 @@ def manifest(name: str, key_groups: int, limit: int, sink: Path) -> StreamJob:
     )
 
 
-@asynccontextmanager
-async def running(
+def running(
     m: StreamJob, store: Any, ordinal: int, url: str, output_dir: Path | None = None
-) -> AsyncIterator[Worker]:
+) -> AbstractAsyncContextManager[Worker]:
     settings = settings_from(m, ordinal=ordinal, store_url=url, output_dir=output_dir)
-    worker = Worker(settings, timer_job, store)
-    task = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        async with asyncio.timeout(30):
-            await task
+    return running_worker(settings, timer_job, store)
 
 
 def test_generator_event_times_follow_the_schedule_with_bounded_disorder() -> None:

@@ -6,8 +6,8 @@ import asyncio
 import json
 import operator
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import msgspec
@@ -24,7 +24,7 @@ from keyshift.runtime.sources.generator import Generator
 from keyshift.runtime.windows import Reduce, Tumbling, window_job
 from keyshift.runtime.worker import Worker
 from keyshift.store import Assignment, MemoryStore
-from tests.runtime import jobs
+from tests.runtime import jobs, running_worker
 from tests.runtime.test_window_jobs import Identity, assert_deduplicable
 from tests.support import wait_for
 
@@ -48,18 +48,10 @@ def manifest(key_groups: int, limit: int, rate: float | None = None, **spec: Any
     )
 
 
-@asynccontextmanager
-async def running(
+def running(
     m: StreamJob, job: Job[Any], store: MemoryStore, ordinal: int
-) -> AsyncIterator[Worker]:
-    worker = Worker(settings_from(m, ordinal=ordinal, store_url="memory://"), job, store)
-    task = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        async with asyncio.timeout(30):  # a worker that does not stop is a failure
-            await task
+) -> AbstractAsyncContextManager[Worker]:
+    return running_worker(settings_from(m, ordinal=ordinal, store_url="memory://"), job, store)
 
 
 async def positions(store: MemoryStore, key_groups: int) -> list[int]:
