@@ -258,7 +258,7 @@ async def test_a_crash_before_the_sweep_is_committed_leaves_the_values_to_the_ne
             return await all_done(store, job, K, limit)
 
         await wait_for(done, 30, "every record processed")
-        written = {kg: dict(v) for kg, v in (await stored_in(store, job)).items()}
+        written = await stored_in(store, job)
         assert all(written.values())
         await wait_for(lambda: not doomed.alive, 15, "the crash at the sweep")
         assert await stored_in(store, job) == written, "a sweep's delete was committed"
@@ -276,5 +276,10 @@ async def test_a_crash_before_the_sweep_is_committed_leaves_the_values_to_the_ne
         await store.close()
 
 
-async def stored_in(store: Any, job: str) -> dict[int, dict[bytes, bytes]]:
-    return {kg: {k: v async for k, v in store.scan_all(job, kg, "last")} for kg in range(K)}
+async def stored_in(store: Any, job: str) -> dict[tuple[int, str], dict[bytes, bytes]]:
+    """Every expiring state's stored values, entries and elements, by key group and state."""
+    return {
+        (kg, state): {k: v async for k, v in store.scan_all(job, kg, state)}
+        for kg in range(K)
+        for state in ("last", "values", "offsets")
+    }
