@@ -113,6 +113,24 @@ def with_expiry(raw: bytes, expires_ms: int) -> bytes:
     return _encoder.encode(msgspec.msgpack.Ext(TTL_EXT, expires_ms.to_bytes(8, "big") + raw))
 
 
+def encode_stored(value: Any, ttl_ms: int | None) -> bytes:
+    """A value as a state stores it: msgpack, expiring ``ttl_ms`` from now if given."""
+    raw = _encoder.encode(value)
+    return raw if ttl_ms is None else with_expiry(raw, now_ms() + ttl_ms)
+
+
+def live(raw: bytes | None, ttl_ms: int | None) -> bytes | None:
+    """Stored bytes as the value's msgpack, or None if absent or expired. Without a ttl
+    they are returned as they are (a value written with a ttl the state has since lost
+    is unwrapped by the decoding, :func:`_decode`)."""
+    if raw is None or ttl_ms is None:
+        return raw
+    expires, inner = split_expiry(raw)
+    if expires is None:
+        return raw  # written before the state had a ttl: it does not expire
+    return None if expires <= now_ms() else inner
+
+
 def split_expiry(raw: bytes) -> tuple[int | None, bytes]:
     """``(expiry in unix ms, the value's msgpack)`` of a stored value; ``(None, raw)``
     for a value that does not expire."""
@@ -242,20 +260,11 @@ class ValueState(Generic[V]):
         object.__setattr__(self, "ttl_ms", ttl_in_ms(self.name, self.ttl))
 
     def _decode(self, raw: bytes) -> V:
-        if self.ttl_ms is not None:
-            expires, inner = split_expiry(raw)
-            if expires is not None:
-                if expires <= now_ms():
-                    return self.default  # type: ignore[return-value]
-                raw = inner
-        result: V = _decode(self.name, self._decoder, raw)
+        value = live(raw, self.ttl_ms)
+        if value is None:
+            return self.default  # type: ignore[return-value]
+        result: V = _decode(self.name, self._decoder, value)
         return result
-
-    def _encode(self, value: V) -> bytes:
-        raw = _encoder.encode(value)
-        if self.ttl_ms is not None:
-            raw = with_expiry(raw, now_ms() + self.ttl_ms)
-        return raw
 
     def bind(self, access: StateAccess) -> ValueHandle[V]:
         return ValueHandle(self, access)
@@ -294,20 +303,8 @@ class MapState(Generic[MK, V]):
         object.__setattr__(self, "ttl_ms", ttl_in_ms(self.name, self.ttl))
 
     def _live(self, raw: bytes | None) -> bytes | None:
-        """An entry's stored bytes as its value's msgpack, or None if it is absent or has
-        expired."""
-        if raw is None or self.ttl_ms is None:
-            return raw
-        expires, inner = split_expiry(raw)
-        if expires is None:
-            return raw  # written before the map had a ttl: it does not expire
-        return None if expires <= now_ms() else inner
-
-    def _encode_value(self, value: V) -> bytes:
-        raw = _encoder.encode(value)
-        if self.ttl_ms is not None:
-            raw = with_expiry(raw, now_ms() + self.ttl_ms)
-        return raw
+        """An entry's value msgpack, or None if it is absent or has expired."""
+        return live(raw, self.ttl_ms)
 
     def bind(self, access: StateAccess) -> MapHandle[MK, V]:
         return MapHandle(self, access)
@@ -344,28 +341,15 @@ class ListState(Generic[V]):
 
     def _length(self, raw: bytes) -> int:
         """The stored length: the slots appended so far (0 once the last append expired)."""
-        expires, inner = split_expiry(raw)
-        if expires is not None:
-            if self.ttl_ms is not None and expires <= now_ms():
-                return 0
-            raw = inner
-        length: int = _decode(self.name, _length_decoder, raw)
+        value = live(raw, self.ttl_ms)
+        if value is None:
+            return 0
+        length: int = _decode(self.name, _length_decoder, value)
         return length
 
     def _live(self, raw: bytes | None) -> bytes | None:
         """An element's value msgpack, or None if it is absent or has expired."""
-        if raw is None:
-            return None
-        expires, inner = split_expiry(raw)
-        if expires is None:
-            return raw
-        return None if self.ttl_ms is not None and expires <= now_ms() else inner
-
-    def _encode(self, value: Any) -> bytes:
-        raw = _encoder.encode(value)
-        if self.ttl_ms is not None:
-            raw = with_expiry(raw, now_ms() + self.ttl_ms)
-        return raw
+        return live(raw, self.ttl_ms)
 
 
 _length_decoder = msgspec.msgpack.Decoder(int)
@@ -386,7 +370,7 @@ class ValueHandle(Generic[V]):
     def update(self, value: V) -> None:
         spec = self._spec
         shareable = type(value) is spec.type and spec.type in IMMUTABLE_TYPES
-        self._access.write_value(spec.name, spec._encode(value), value, shareable)
+        self._access.write_value(spec.name, encode_stored(value, spec.ttl_ms), value, shareable)
 
     def clear(self) -> None:
         default = self._spec.default
@@ -417,7 +401,7 @@ class MapHandle(Generic[MK, V]):
 
     def put(self, key: MK, value: V) -> None:
         spec = self._spec
-        self._access.write_entry(spec.name, _encoder.encode(key), spec._encode_value(value))
+        self._access.write_entry(spec.name, _encoder.encode(key), encode_stored(value, spec.ttl_ms))
 
     def remove(self, key: MK) -> None:
         self._access.write_entry(self._spec.name, _encoder.encode(key), None)
@@ -511,10 +495,10 @@ class ListHandle(Generic[V]):
         count = start = self._slots()
         access = self._access
         for value in values:
-            access.write_entry(name, _encoder.encode(count), spec._encode(value))
+            access.write_entry(name, _encoder.encode(count), encode_stored(value, spec.ttl_ms))
             count += 1
         if count != start:  # with a ttl, the length expires with this, the last append
-            access.write_value(name, spec._encode(count), count, True)
+            access.write_value(name, encode_stored(count, spec.ttl_ms), count, True)
 
     def clear(self) -> None:
         name = self._spec.name
