@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 from tests.e2e.kubelet import PodRunner
 from tests.k8s import KubernetesEmulator, k8s  # noqa: F401
+from tests.prometheus_server import PrometheusServer
 
 _failed = pytest.StashKey[bool]()
 
@@ -43,3 +45,30 @@ def pod_runner(
         runner.stop()
         if request.node.stash.get(_failed, False):
             print(runner.logs())
+
+
+@pytest.fixture
+def pod_targets(
+    k8s: KubernetesEmulator,  # noqa: F811 (the fixture above)
+    pod_runner: PodRunner,
+    prometheus: PrometheusServer,
+) -> Iterator[None]:
+    """Keep Prometheus' targets equal to the worker pods' local metrics ports."""
+    stop = threading.Event()
+
+    def follow() -> None:
+        last: list[str] = []
+        while not stop.wait(0.3):
+            ports = [pod_runner.http_port_of(p["metadata"]["name"])
+                     for p in k8s.list("pods", "default")]  # fmt: skip
+            targets = sorted(f"127.0.0.1:{port}" for port in ports if port)
+            if targets != last:
+                prometheus.set_targets(targets)
+                last = targets
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join(5)
+    prometheus.set_targets([])

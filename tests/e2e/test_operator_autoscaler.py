@@ -8,8 +8,6 @@ the pods' local ports, as a ServiceMonitor would at the pods.
 from __future__ import annotations
 
 import secrets
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,31 +30,6 @@ pytestmark = [
 ]
 
 LOW, HIGH, STEP_AT = 400, 3600, 12  # records/s; busy_counter: ~0.1 and ~0.9 of a worker
-
-
-@pytest.fixture
-def pod_targets(
-    k8s: KubernetesEmulator, pod_runner: PodRunner, prometheus: PrometheusServer
-) -> Iterator[None]:
-    """Keep Prometheus' targets equal to the worker pods' local metrics ports."""
-    stop = threading.Event()
-
-    def follow() -> None:
-        last: list[str] = []
-        while not stop.wait(0.3):
-            ports = [pod_runner.http_port_of(p["metadata"]["name"])
-                     for p in k8s.list("pods", "default")]  # fmt: skip
-            targets = sorted(f"127.0.0.1:{port}" for port in ports if port)
-            if targets != last:
-                prometheus.set_targets(targets)
-                last = targets
-
-    thread = threading.Thread(target=follow, daemon=True)
-    thread.start()
-    yield
-    stop.set()
-    thread.join(5)
-    prometheus.set_targets([])
 
 
 def test_the_operator_scales_a_job_from_prometheus(

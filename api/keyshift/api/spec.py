@@ -447,8 +447,17 @@ class AutoscalerSpec(Model):
     """Whether the autoscaler runs; when false, ``parallelism`` is only set by hand."""
     mode: Literal["scale", "recommend"] = "scale"
     """``scale``: apply decisions; ``recommend``: only report them (status, Events, metrics)."""
-    min_parallelism: int = Field(default=1, ge=1, le=MAX_KEY_GROUPS)
-    """Lower bound of the parallelism the autoscaler chooses."""
+    min_parallelism: int = Field(default=1, ge=0, le=MAX_KEY_GROUPS)
+    """Lower bound of the parallelism the autoscaler chooses. ``0``: the job scales to
+    zero after ``scaleToZeroAfter`` without input (its state stays in the store, no
+    worker runs), and wakes when input arrives or a timer is due."""
+    scale_to_zero_after: LongSeconds = 300.0
+    """With ``minParallelism: 0``: scale to zero once the input has been idle this long
+    (nothing arriving, no lag)."""
+    wake_check_seconds: Seconds = 1.0
+    """With ``minParallelism: 0``, while no worker runs: how often the operator looks at
+    the input (the Kafka topic's high-water marks against the positions committed in
+    the store, or the generator's clock) and the earliest timer."""
     max_parallelism: int | None = Field(default=None, ge=1, le=MAX_KEY_GROUPS)
     """Upper bound of the parallelism the autoscaler chooses; omitted: ``keyGroups``."""
     target_utilization: float = Field(default=0.7, gt=0, le=1)

@@ -15,7 +15,9 @@ which they plug in here:
 | autoscaler history | ``status.autoscaler`` | ``autoscaler.json`` |
 
 Each :meth:`Supervisor.tick` runs the controller once and then, when its interval has
-passed, the autoscaler (collect -> decide -> the wish the controller rescales to).
+passed, the autoscaler (collect -> decide -> the wish the controller rescales to). While
+the job is scaled to zero the autoscaler collects from the :class:`IdleProbe` instead
+(the input and the timers, from the store and the job's source), to wake it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from keyshift.api.spec import AutoscalerSpec
+from keyshift.api.spec import AutoscalerSpec, StreamJobSpec
 from keyshift.controller.autoscaling.decision import Decision, ScalingHistory
 from keyshift.controller.autoscaling.metrics.base import (
     LoadSample,
@@ -35,6 +37,7 @@ from keyshift.controller.autoscaling.metrics.base import (
     key_group_load,
 )
 from keyshift.controller.autoscaling.metrics.direct import DirectScrapeProvider
+from keyshift.controller.autoscaling.metrics.idle import IdleProbe
 from keyshift.controller.autoscaling.metrics.prometheus import PrometheusMetricsProvider
 from keyshift.controller.autoscaling.runner import AutoscalerRunner, choose_desired
 from keyshift.controller.core.executor import EventSink
@@ -68,6 +71,15 @@ def metrics_provider(
             spec, credentials=credentials, namespace=namespace
         )
     return DirectScrapeProvider(window_seconds=spec.metrics_window_seconds)
+
+
+def idle_probe(store: StateStore, job: str, spec: StreamJobSpec) -> IdleProbe | None:
+    """What wakes the job from zero, if its autoscaler may scale it there
+    (``minParallelism: 0``)."""
+    scaler = spec.autoscaler
+    if not scaler.enabled or scaler.min_parallelism > 0:
+        return None
+    return IdleProbe(store, job, spec)
 
 
 _NOTHING_SEEN = object()
@@ -116,9 +128,12 @@ class Supervisor:
         fallback_load: Callable[[], LoadSample | None] = lambda: None,
         namespace: str = LOCAL_NAMESPACE,
         clock: Callable[[], float] = time.time,
+        idle_probe: IdleProbe | None = None,
     ) -> None:
         """``autoscaler`` (enabled) needs ``provider``; ``fallback_load`` is a window of the
-        job's load that ranges follow while the autoscaler has none (the live view's)."""
+        job's load that ranges follow while the autoscaler has none (the live view's);
+        ``idle_probe`` (with ``minParallelism: 0``) tells when to wake a job scaled to zero."""
+        self.idle_probe = idle_probe
         self.job = job
         self.key_groups = key_groups
         self.pool = pool
@@ -156,7 +171,16 @@ class Supervisor:
         await controller.tick()
         scaler = self.autoscaler
         now = self.clock()
-        if scaler is None or controller.assignment is None or not scaler.due(now):
+        if scaler is None or controller.assignment is None:
+            return None
+        probe = self.idle_probe
+        if controller.assignment.parallelism == 0 and controller.executor.record.current is None:
+            if probe is None:
+                return None
+            return await scaler.tick_idle(now=now, probe=lambda: probe.sample(now))
+        if probe is not None:
+            await probe.close()  # awake: the workers read the input
+        if not scaler.due(now):
             return None
         workers = await self.pool.workers()
         targets = [WorkerTarget(w.ordinal, w.name, w.metrics_url)
@@ -190,3 +214,5 @@ class Supervisor:
         """Close the metrics provider (the host closes what it opened: the store)."""
         if self.autoscaler is not None:
             await self.autoscaler.provider.close()
+        if self.idle_probe is not None:
+            await self.idle_probe.close()

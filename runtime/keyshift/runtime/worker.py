@@ -56,8 +56,7 @@ from keyshift.runtime.keygroup import (
 )
 from keyshift.runtime.metrics import FailureMark, WorkerMetrics
 from keyshift.runtime.sinks import DeadLetters, Outputs, Sink, open_sink
-from keyshift.runtime.sources import Source
-from keyshift.runtime.sources.generator import Generator
+from keyshift.runtime.sources import Source, open_source
 from keyshift.runtime.store import WorkerStore
 from keyshift.store.protocol import (
     Assignment,
@@ -286,20 +285,13 @@ class Worker:
             )
 
     async def _open_source(self, created_at: float) -> Source:
-        spec = self.settings.spec
-        if isinstance(spec.source, GeneratorSource):
-            return Generator(spec.source, spec.key_groups, created_at)
-        from keyshift.runtime.kafka.source import (
-            KafkaRecordSource,  # confluent-kafka only when used
-        )
+        def opened(source: Source) -> None:
+            self.source = source  # its problem() tells /readyz and /healthz while it connects
 
-        source = KafkaRecordSource(
-            spec.source, spec.key_groups, group_id=f"keyshift-{self.job_name}",
-            decode=self.job.decode,
+        return await open_source(
+            self.settings.spec, created_at, group_id=f"keyshift-{self.job_name}",
+            decode=self.job.decode, on_open=opened,
         )  # fmt: skip
-        self.source = source  # its problem() tells /readyz and /healthz while it connects
-        await source.open()
-        return source
 
     def _open_outputs(self) -> Outputs:
         spec = self.settings.spec

@@ -21,10 +21,11 @@ from keyshift.controller.autoscaling.decision import (
     align,
     align_down,
     decide,
+    decide_wake,
     explain,
     max_range,
 )
-from keyshift.controller.autoscaling.metrics.base import LoadSample, WorkerLoad
+from keyshift.controller.autoscaling.metrics.base import IdleSample, LoadSample, WorkerLoad
 
 SPEC = AutoscalerSpec(enabled=True)  # target 0.7 +- 0.2, catch-up 120 s, window 60 s
 K = 32
@@ -526,3 +527,80 @@ def test_explain() -> None:
     assert lines[1].strip() == d.message
     assert any(line.split()[:2] == ["utilization", "0.99"] for line in lines)
     assert "stays at 4" in explain(run(at_utilization(4, 0.7))[0])
+
+
+# -- scale to zero and wake ------------------------------------------------------------------------
+
+ZERO = AutoscalerSpec(enabled=True, min_parallelism=0, scale_to_zero_after=300)
+
+
+def idle(n: int, at: float) -> LoadSample:
+    """``n`` workers with nothing arriving and nothing left to do."""
+    return sample(workers(n, 0.0, 0.0), arrival=0.0, at=at)
+
+
+def test_a_job_idle_for_scale_to_zero_after_scales_to_zero() -> None:
+    d, h = run(at_utilization(2, 0.5), spec=ZERO)  # measures 1,000 rec/s per worker
+    assert h.capacity == pytest.approx(1000.0)
+    d, h = run(idle(2, T0 + 60), h, ZERO)
+    assert h.idle_since == T0  # the start of the first idle window
+    d, h = run(idle(2, T0 + 299), ScalingHistory(idle_since=T0), ZERO)
+    assert (d.action, d.reason) != ("scale_down", "idle")  # 299 s < 300 s
+    d, h = run(idle(2, T0 + 300), ScalingHistory(idle_since=T0), ZERO)
+    assert (d.action, d.desired, d.reason) == ("scale_down", 0, "idle")
+    assert "scaling from 2 to zero" in d.message
+    assert (h.parallelism, h.idle_since) == (0, None)
+
+
+def test_input_restarts_the_idle_clock() -> None:
+    _, h = run(idle(2, T0), ScalingHistory(), ZERO)
+    assert h.idle_since == T0 - 60
+    _, h = run(sample(workers(2, 1.0, 0.001), arrival=2.0, at=T0 + 60), h, ZERO)
+    assert h.idle_since is None
+    _, h = run(sample(workers(2, 0.0, 0.0), arrival=0.0, lag=5, at=T0 + 120), h, ZERO)
+    assert h.idle_since is None  # nothing arrives, but the lag is not worked off
+
+
+def test_without_min_parallelism_zero_an_idle_job_never_scales_to_zero() -> None:
+    d, _ = run(idle(1, T0), ScalingHistory(idle_since=T0 - 10_000), SPEC)
+    assert (d.action, d.desired) == ("none", 1)
+    eager = SPEC.model_copy(update={"scale_down_stabilization_seconds": 0})
+    d, _ = run(idle(2, T0), ScalingHistory(idle_since=T0 - 10_000), eager)
+    assert (d.action, d.desired) == ("scale_down", 1)
+
+
+def wake(
+    sample_: IdleSample, history: ScalingHistory | None = None, spec: AutoscalerSpec = ZERO
+) -> tuple[Decision, ScalingHistory]:
+    return decide_wake(sample_, history or ScalingHistory(parallelism=0), spec,
+                       key_groups=K, now=T0)  # fmt: skip
+
+
+def test_input_waiting_wakes_the_job_sized_for_the_backlog() -> None:
+    measured = ScalingHistory(parallelism=0, capacity=1000.0)
+    d, h = wake(IdleSample(T0, backlog=600_000, next_timer_at=None), measured)
+    # 600,000 records in catchUpSeconds 120 at 1,000 rec/s per worker: 5 workers
+    assert (d.action, d.reason, d.current, d.desired) == ("scale_up", "input_waiting", 0, 5)
+    assert h.parallelism == 5
+    d, _ = wake(IdleSample(T0, backlog=1, next_timer_at=None), measured)
+    assert d.desired == 1  # at least one
+    d, _ = wake(IdleSample(T0, backlog=10**9, next_timer_at=None), measured,
+                ZERO.model_copy(update={"max_parallelism": 4}))  # fmt: skip
+    assert d.desired == 4
+    d, _ = wake(IdleSample(T0, backlog=600_000, next_timer_at=None))
+    assert (d.desired, "no capacity measured yet" in d.message) == (1, True)
+
+
+def test_a_due_timer_wakes_the_job_and_a_future_one_does_not() -> None:
+    d, _ = wake(IdleSample(T0, backlog=0, next_timer_at=T0 - 0.5))
+    assert (d.action, d.reason, d.desired) == ("scale_up", "timer_due", 1)
+    d, h = wake(IdleSample(T0, backlog=0, next_timer_at=T0 + 60))
+    assert (d.action, d.reason, d.desired) == ("none", "idle", 0)
+    assert "next timer is due in 60 s" in d.message
+    assert h.parallelism == 0
+
+
+def test_an_unknown_input_does_not_wake_the_job() -> None:
+    d, _ = wake(IdleSample(T0, backlog=None, next_timer_at=None, missing="Kafka unreachable"))
+    assert (d.action, d.reason, d.desired) == ("none", "metrics_incomplete", 0)
+    assert "Kafka unreachable" in d.message

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from keyshift.controller.core.assignment import plan_assignment, plan_failover
+from keyshift.controller.core.assignment import NO_OWNER, plan_assignment, plan_failover
 from keyshift.controller.core.loop import workers_needed
 from keyshift.controller.core.pool import WorkerInfo
 from keyshift.controller.core.reconcile import Desired, next_rescale
@@ -303,3 +303,57 @@ def test_the_controller_keeps_the_standby_running() -> None:
     assert workers_needed(assignment, None, standby=2) == {0, 1, 2, 3, 4}
     assert workers_needed(assignment, None) == {0, 1, 2}
     assert workers_needed(None, None, standby=2) == set()
+
+
+# -- scale to zero and wake -----------------------------------------------------------------
+
+
+def test_scale_to_zero_releases_every_key_group_to_nobody_and_stops_every_worker() -> None:
+    owners = plan_assignment(K, 2)
+    r = plan_rescale("j", K, owners, 2, 5, 0, "autoscaler", now=0.0, standby=1)
+    assert (r.phase, r.to_owners, r.stop_workers) == ("publishing", [NO_OWNER] * K, [0, 1, 2])
+    step = next_step(r, obs(0, 5, {0: True, 1: True, 2: True}), DL)
+    assert step == Publish(6, 5, (NO_OWNER,) * K, frozenset(), 0)
+    r.phase, r.phase_started_at = "handing_off", 0.0
+    assert awaited_workers(r) == {0, 1}  # their acknowledgement is their release
+    assert isinstance(next_step(r, obs(1, 6, {}, acks={0: 6, 1: 5}), DL), Wait)
+    assert next_step(r, obs(1, 6, {}, acks={0: 6, 1: 6}), DL) == Advance("stopping_workers")
+    r.phase = "stopping_workers"
+    assert next_step(r, obs(2, 6, {0: True, 1: True, 2: True}), DL) == StopWorkers((0, 1, 2))
+    assert next_step(r, obs(3, 6, {}), DL) == Advance("finished")
+
+
+def test_a_worker_that_never_releases_on_scale_to_zero_is_stopped_all_the_same() -> None:
+    owners = plan_assignment(K, 2)
+    r = plan_rescale("j", K, owners, 2, 5, 0, "autoscaler", now=0.0)
+    r.phase, r.phase_started_at = "handing_off", 0.0
+    late = obs(DL.handoff_seconds + 1, 6, {}, acks={0: 6}, holders={kg: 1 for kg in range(4, 8)})
+    step = next_step(r, late, DL)
+    assert isinstance(step, ForceHandoff)
+    assert (step.laggards, step.forced, step.excused) == (
+        (1,),
+        frozenset(range(4, 8)),
+        frozenset({1}),
+    )
+    r.excused_workers, r.handoff_forced = [1], True
+    assert next_step(r, late, DL) == Advance("stopping_workers")
+
+
+def test_no_worker_runs_while_the_job_is_scaled_to_zero() -> None:
+    idle = Assignment(generation=6, parallelism=0, owners=(NO_OWNER,) * K)
+    assert workers_needed(idle, None, standby=2) == set()
+    assert next_rescale("j", K, idle, {}, Desired(0, "autoscaler"), 10.0, 3.0) is None
+
+
+def test_a_wake_is_a_deployment_from_the_store_claiming_unreleased_key_groups_by_force() -> None:
+    idle = Assignment(generation=6, parallelism=0, owners=(NO_OWNER,) * K)
+    r = next_rescale("j", K, idle, {}, Desired(2, "autoscaler"), 10.0, 3.0, standby=1, held=[3])
+    assert r is not None
+    assert (r.reason, r.from_parallelism, r.to_parallelism) == ("autoscaler", 0, 2)
+    assert (r.from_owners, r.to_owners) == ([], list(plan_assignment(K, 2)))
+    assert (r.start_workers, r.stop_workers, r.forced) == ([0, 1], [], [3])
+    r.phase = "handing_off"
+    assert awaited_workers(r) == {0, 1}
+    # the standby comes back once the wake is done
+    woken = Assignment(generation=7, parallelism=2, owners=plan_assignment(K, 2))
+    assert workers_needed(woken, None, standby=1) == {0, 1, 2}

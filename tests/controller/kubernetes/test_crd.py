@@ -455,6 +455,8 @@ def test_autoscaler_bounds() -> None:
     spec = job_with(autoscaler={"enabled": True, "minParallelism": 2, "maxParallelism": 4}).spec
     assert (spec.autoscaler.min_parallelism, spec.autoscaler.max_parallelism) == (2, 4)
     assert spec.autoscaler.mode == "scale" and spec.autoscaler.target_utilization == 0.7
+    zero = job_with(autoscaler={"minParallelism": 0, "scaleToZeroAfter": "10m"}).spec.autoscaler
+    assert (zero.min_parallelism, zero.scale_to_zero_after, zero.wake_check_seconds) == (0, 600, 1)
     with pytest.raises(
         ValidationError,
         match=r"autoscaler\.minParallelism \(5\) must not exceed autoscaler\.maxParallelism \(3\)",
@@ -471,7 +473,9 @@ def test_autoscaler_bounds() -> None:
         {"maxScaleUpFactor": 1},
         {"maxScaleDownFactor": 1},
         {"mode": "auto"},
-        {"minParallelism": 0},
+        {"minParallelism": -1},
+        {"scaleToZeroAfter": 0},
+        {"wakeCheckSeconds": "2h"},
     ):
         with pytest.raises(ValidationError, match="autoscaler"):
             job_with(autoscaler=bad)

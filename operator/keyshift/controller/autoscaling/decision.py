@@ -76,6 +76,16 @@ When it acts:
   rolled-back rescale): ``decide`` notices that the current parallelism is not
   the one it last chose or saw.
 
+**Scale to zero** (``minParallelism: 0``): once complete windows have shown no
+arrivals and no lag for ``scaleToZeroAfter`` (counted from the start of the first
+such window), the job scales to 0 (``idle``): every key group is committed and
+released, and every worker stops. Otherwise ``minParallelism`` 0 bounds like 1.
+While the job is at 0 there is no worker to measure: :func:`decide_wake` looks at an
+:class:`~keyshift.controller.autoscaling.metrics.base.IdleSample` instead and wakes
+the job for input waiting (``input_waiting``: enough workers to work the backlog off
+within ``catchUpSeconds`` at the per-worker capacity last measured, at least one) or
+for a due timer (``timer_due``: ``minParallelism``'s floor of one worker).
+
 In ``recommend`` mode decisions are made the same way, but the history does
 not assume they were applied (no cooldown, no ineffectiveness check).
 """
@@ -91,7 +101,12 @@ from typing import Literal
 import msgspec
 
 from keyshift.api.spec import AutoscalerSpec
-from keyshift.controller.autoscaling.metrics.base import LoadSample, ScalingMetric, WorkerLoad
+from keyshift.controller.autoscaling.metrics.base import (
+    IdleSample,
+    LoadSample,
+    ScalingMetric,
+    WorkerLoad,
+)
 
 __all__ = [
     "Action",
@@ -103,6 +118,7 @@ __all__ = [
     "align",
     "align_down",
     "decide",
+    "decide_wake",
     "explain",
     "max_range",
 ]
@@ -122,6 +138,9 @@ Reason = Literal[
     "at_max",
     "at_min",
     "ineffective_scale_up",
+    "idle",
+    "input_waiting",
+    "timer_due",
 ]
 
 MIN_BUSY_RATIO = 0.05
@@ -190,6 +209,10 @@ class ScalingHistory(msgspec.Struct, frozen=True, kw_only=True):
     """The parallelism the autoscaler last saw or chose; another one means a manual change."""
     decisions: tuple[Decision, ...] = ()
     """The last ``DECISIONS_KEPT`` decisions, oldest first."""
+    idle_since: float | None = None
+    """Since when complete windows have shown no input and no lag (None: not idle)."""
+    capacity: float | None = None
+    """The last per-worker capacity measured (records/s): it sizes a wake from zero."""
 
 
 # -- alignment --------------------------------------------------------------------
@@ -369,9 +392,10 @@ class Target:
 
 
 def limits(spec: AutoscalerSpec, key_groups: int) -> tuple[int, int]:
-    """The lowest and highest parallelism the spec allows for ``key_groups``."""
+    """The lowest and highest parallelism the spec allows for ``key_groups`` (a
+    ``minParallelism`` of 0 bounds like 1: only the idle rule scales to zero)."""
     high = min(spec.max_parallelism or key_groups, key_groups)
-    return min(spec.min_parallelism, high), high
+    return min(max(1, spec.min_parallelism), high), high
 
 
 def scale_up_target(raw: int, current: int, spec: AutoscalerSpec, key_groups: int) -> Target:
@@ -719,6 +743,14 @@ def _decide(
         )
         return none("metrics_incomplete", message, _inputs(window, spec, est, None)), history
 
+    history = note_idle(history, window, est)
+    if (
+        spec.min_parallelism == 0
+        and history.idle_since is not None
+        and now - history.idle_since >= spec.scale_to_zero_after
+    ):
+        return _scale_to_zero(history, spec, current, now, _inputs(window, spec, est, 0))
+
     if spec.mode == "scale" and history.last_scale_up is not None:
         pending, block = judge_scale_up(history.last_scale_up, window, est)
         history = msgspec.structs.replace(history, last_scale_up=pending)
@@ -736,6 +768,119 @@ def _decide(
     if unblock:
         decision = msgspec.structs.replace(decision, message=decision.message + unblock)
     return decision, history
+
+
+def note_idle(history: ScalingHistory, window: LoadSample, est: Estimate) -> ScalingHistory:
+    """Fold a complete window into the idle clock and the capacity last measured: a window
+    without arrivals and lag keeps (or starts, at its own start) the idle time; any input
+    stops it."""
+    idle = est.arrival_rate <= 0 and est.lag <= 0
+    since = history.idle_since
+    if not idle:
+        since = None
+    elif since is None:
+        since = window.at - window.window_seconds
+    capacity = est.per_worker_capacity or history.capacity
+    if since == history.idle_since and capacity == history.capacity:
+        return history
+    return msgspec.structs.replace(history, idle_since=since, capacity=capacity)
+
+
+def _scale_to_zero(
+    history: ScalingHistory,
+    spec: AutoscalerSpec,
+    current: int,
+    now: float,
+    inputs: dict[str, InputValue],
+) -> tuple[Decision, ScalingHistory]:
+    """The input has been idle for ``scaleToZeroAfter``: scale to 0."""
+    assert history.idle_since is not None
+    idle_for = now - history.idle_since
+    inputs["idle_seconds"] = round(idle_for, 1)
+    inputs["scale_to_zero_after"] = spec.scale_to_zero_after
+    decision = Decision(
+        at=now,
+        current=current,
+        desired=0,
+        action="scale_down",
+        reason="idle",
+        message=(
+            f"no input and no lag for {idle_for:.0f} s (scaleToZeroAfter "
+            f"{spec.scale_to_zero_after:g} s): scaling from {current} to zero; the state stays "
+            "in the store, and the job wakes when input arrives or a timer is due"
+        ),
+        inputs=inputs,
+    )
+    history = msgspec.structs.replace(
+        history, recommendations=(), last_scale_up=None, idle_since=None
+    )
+    return decision, history
+
+
+def wake_parallelism(
+    backlog: int, spec: AutoscalerSpec, key_groups: int, capacity: float | None
+) -> int:
+    """The parallelism that works ``backlog`` records off within ``catchUpSeconds`` at
+    ``capacity`` records/s per worker (one worker if the capacity is unknown), aligned and
+    within the spec's bounds; at least one."""
+    low, high = limits(spec, key_groups)
+    raw = 1 if not capacity else math.ceil(backlog / spec.catch_up_seconds / capacity - 1e-9)
+    p = min(max(raw, low), high)
+    aligned = align(p, key_groups)
+    return aligned if aligned <= high else align_down(high, key_groups)
+
+
+def decide_wake(
+    sample: IdleSample,
+    history: ScalingHistory,
+    spec: AutoscalerSpec,
+    *,
+    key_groups: int,
+    now: float,
+) -> tuple[Decision, ScalingHistory]:
+    """The decision while the job is scaled to zero: wake for input waiting or a due
+    timer, else stay at zero. Pure, like :func:`decide`."""
+    inputs: dict[str, InputValue] = {
+        "backlog": sample.backlog,
+        "next_timer_at": sample.next_timer_at,
+        "per_worker_capacity": None if history.capacity is None else round(history.capacity, 3),
+        "catch_up_seconds": spec.catch_up_seconds,
+    }
+
+    def made(action: Action, reason: Reason, desired: int, message: str) -> Decision:
+        return Decision(at=now, current=0, desired=desired, action=action, reason=reason,
+                        message=message, inputs=inputs)  # fmt: skip
+
+    if sample.backlog:
+        desired = wake_parallelism(sample.backlog, spec, key_groups, history.capacity)
+        sizing = (
+            f"{_rate(history.capacity)} per worker last measured, {spec.catch_up_seconds:g} s "
+            "to catch up"
+            if history.capacity
+            else "no capacity measured yet"
+        )
+        decision = made("scale_up", "input_waiting", desired,
+                        f"{_count(sample.backlog)} records wait in the input while scaled to "
+                        f"zero: waking with {desired} workers ({sizing})")  # fmt: skip
+    elif sample.next_timer_at is not None and sample.next_timer_at <= now:
+        desired = wake_parallelism(0, spec, key_groups, None)
+        late = now - sample.next_timer_at
+        decision = made("scale_up", "timer_due", desired,
+                        f"a timer is due ({late:.1f} s ago) while scaled to zero: waking with "
+                        f"{desired} workers")  # fmt: skip
+    else:
+        if sample.backlog is None:
+            what = f"the input is unknown ({sample.missing or 'no answer'})"
+            reason: Reason = "metrics_incomplete"
+        else:
+            what = "no input waits"
+            reason = "idle"
+        if sample.next_timer_at is not None:
+            what += f"; the next timer is due in {sample.next_timer_at - now:.0f} s"
+        decision = made("none", reason, 0, f"scaled to zero: {what}")
+    if decision.action == "scale_up":
+        history = msgspec.structs.replace(history, idle_since=None, recommendations=())
+    return decision, remember(history, decision, spec)
 
 
 def _no_scale_up(

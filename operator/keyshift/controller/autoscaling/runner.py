@@ -8,6 +8,11 @@ module): every ``intervalSeconds`` it collects a window, asks for a decision,
 counts and reports it, and in ``scale`` mode turns it into the desired
 parallelism the controller rescales to. In ``recommend`` mode it only reports.
 
+While the job is scaled to zero (``minParallelism: 0``) there is no worker to collect
+from: every ``wakeCheckSeconds`` an *idle probe* (``metrics/idle.py``: the input's ends
+against the positions in the store, and the earliest timer) is collected instead, and
+:func:`~keyshift.controller.autoscaling.decision.decide_wake` says whether to wake.
+
 Manual scaling wins: when the user sets a parallelism (``keyshift scale``,
 ``kubectl scale``), the autoscaler's pending wish is dropped and it decides
 again from the new parallelism on its next interval.
@@ -16,13 +21,23 @@ again from the new parallelism on its next interval.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 
 from keyshift.api.spec import AutoscalerSpec
-from keyshift.controller.autoscaling.decision import Decision, ScalingHistory, decide
-from keyshift.controller.autoscaling.metrics.base import LoadSample, MetricsProvider, WorkerTarget
+from keyshift.controller.autoscaling.decision import (
+    Decision,
+    ScalingHistory,
+    decide,
+    decide_wake,
+)
+from keyshift.controller.autoscaling.metrics.base import (
+    IdleSample,
+    LoadSample,
+    MetricsProvider,
+    WorkerTarget,
+)
 from keyshift.controller.core import metrics as metrics
 from keyshift.controller.core.reconcile import Desired
 from keyshift.controller.core.rescale import Rescale
@@ -75,9 +90,12 @@ class AutoscalerRunner:
         self.history = history if history is not None else ScalingHistory()
         self.on_decision = on_decision or (lambda decision, notable: None)
         """Called with each decision and whether it is worth an event."""
-        self.wish: int | None = None
+        self.wish: int | None = (
+            0 if spec.mode == "scale" and self.history.parallelism == 0 else None
+        )
         """The parallelism the autoscaler last chose (scale mode); it stands until the
-        autoscaler chooses another or the user sets one."""
+        autoscaler chooses another or the user sets one. A job the autoscaler scaled to
+        zero stays there across a restart of the controller."""
         self.last: Decision | None = self.history.decisions[-1] if self.history.decisions else None
         self.last_window: LoadSample | None = None
         """The last window collected (the job's status reads failed key groups from it)."""
@@ -111,17 +129,45 @@ class AutoscalerRunner:
             rescaling=rescale is not None,
             failing_over=rescale is not None and rescale.reason == "failover",
         )  # fmt: skip
+        log.info("%s: %s -> %s (%s): %s", self.job, decision.current, decision.desired,
+                 decision.reason, decision.message)  # fmt: skip
+        if decision.desired == 0:  # scaling to zero: the wake checks start soon after
+            self._next_at = now + self.spec.wake_check_seconds
+        self._record(decision)
+        return decision
+
+    def wake_due(self, now: float) -> bool:
+        """Whether the wake check's interval has passed (the job is at zero)."""
+        return now >= self._next_at
+
+    async def tick_idle(
+        self, *, now: float, probe: Callable[[], Awaitable[IdleSample]]
+    ) -> Decision | None:
+        """While the job is scaled to zero: every ``wakeCheckSeconds``, collect an idle sample
+        with ``probe`` and decide whether to wake; the decision, or None."""
+        if not self.wake_due(now):
+            return None
+        self._next_at = now + self.spec.wake_check_seconds
+        sample = await probe()
+        decision, self.history = decide_wake(
+            sample, self.history, self.spec, key_groups=self.key_groups, now=now
+        )
+        if decision.action != "none" or self.last is None or self.last.reason != decision.reason:
+            log.info("%s: %s -> %s (%s): %s", self.job, decision.current, decision.desired,
+                     decision.reason, decision.message)  # fmt: skip
+        self._record(decision)
+        return decision
+
+    def _record(self, decision: Decision) -> None:
+        """Count, report and (scale mode) act on ``decision``."""
         metrics.SCALING_DECISIONS.labels(
             streamjob=self.job, namespace=self.namespace, direction=direction(decision),
             reason=decision.reason,
         ).inc()  # fmt: skip
-        log.info("%s: %s -> %s (%s): %s", self.job, decision.current, decision.desired,
-                 decision.reason, decision.message)  # fmt: skip
         if self.spec.mode == "scale" and decision.action in DIRECTIONS:
             self.wish = decision.desired
         self.on_decision(decision, worth_an_event(decision, self.last))
         self.last = decision
-        return decision
 
     def status(self) -> dict[str, object]:
         """``status.autoscaler`` (and ``keyshift status``): mode, last decisions, history."""

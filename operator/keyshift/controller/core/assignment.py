@@ -19,6 +19,15 @@ from keyshift.errors import KeyshiftError
 Owners = tuple[int, ...]
 """``owners[kg]`` is the ordinal of the worker owning key group ``kg``."""
 
+NO_OWNER = -1
+"""The owner of every key group of a job scaled to zero: nobody runs it, its state and
+position wait in the store."""
+
+
+def idle_owners(key_groups: int) -> Owners:
+    """The owners of a job scaled to zero."""
+    return (NO_OWNER,) * key_groups
+
 
 def key_range(worker: int, parallelism: int, key_groups: int) -> range:
     """The key groups worker ``worker`` of ``parallelism`` owns."""
@@ -127,7 +136,10 @@ class RangePlan:
 def is_ranges(owners: Sequence[int], parallelism: int) -> bool:
     """Whether workers ``0..parallelism-1`` each own exactly one non-empty contiguous
     range and nobody else owns anything (in any order of workers). False after a
-    failover: the lost worker owns nothing, a survivor a second range."""
+    failover: the lost worker owns nothing, a survivor a second range. A job scaled to
+    zero (parallelism 0) is ranges when nobody owns anything."""
+    if parallelism == 0:
+        return all(owner == NO_OWNER for owner in owners)
     seen: set[int] = set()
     previous: int | None = None
     for owner in owners:

@@ -231,8 +231,9 @@ class RescaleExecutor:
         return round(max(pauses), 4) if pauses else None
 
     async def _handoff_timeline(self, r: Rescale) -> HandoffTimeline | None:
-        """Each moved key group's handoff, step by step, from the marks in the store."""
-        if not r.from_owners:
+        """Each moved key group's handoff, step by step, from the marks in the store (none
+        for a scale to zero: nobody claims)."""
+        if not r.from_owners or r.to_parallelism == 0:
             return None
         published = publish_time(r.started_at, [(s.phase, s.seconds) for s in r.steps])
         handoffs = []

@@ -67,8 +67,13 @@ def workers_needed(
     assignment: Assignment | None, current: Rescale | None, standby: int = 0
 ) -> set[int]:
     """Ordinals that must be running (or restarting) now: the assignment's workers and
-    ``standby`` more, which own nothing until a scale-up takes them."""
-    needed = set() if assignment is None else set(range(assignment.parallelism + standby))
+    ``standby`` more, which own nothing until a scale-up takes them (none while the job
+    is scaled to zero)."""
+    needed = (
+        set()
+        if assignment is None or assignment.parallelism == 0
+        else set(range(assignment.parallelism + standby))
+    )
     if current is not None:
         if current.phase in ("starting_workers", "publishing"):
             needed |= set(range(current.from_parallelism))
@@ -133,11 +138,16 @@ class Controller:
             await self.executor.advance()
             return
         await self.executor.follow_up()
+        desired = self.desired()
+        held: list[int] = []
+        if self.assignment is not None and self.assignment.parallelism == 0 and desired.parallelism:
+            owners = await self.store.owners(self.job, range(self.key_groups))
+            held = sorted(kg for kg, owner in owners.items() if owner)
         try:
             rescale = next_rescale(
-                self.job, self.key_groups, self.assignment, running, self.desired(),
+                self.job, self.key_groups, self.assignment, running, desired,
                 self.clock(), self.settings.failover_after, self.store_ok_since, self.load(),
-                self.settings.standby_workers,
+                self.settings.standby_workers, held,
             )  # fmt: skip
         except PlanError as exc:  # e.g. a desired parallelism above the key group count
             self._error(str(exc))

@@ -12,7 +12,8 @@ In order of precedence:
    to be ready again (they come back one by one, not at once);
 3. rebalance: after a failover (the owners are no longer one contiguous range per
    worker), once every worker is ready again, contiguous ranges are restored;
-4. the desired parallelism (manual or autoscaler) differs from the current one.
+4. the desired parallelism (manual or autoscaler) differs from the current one; from
+   parallelism 0 (scaled to zero) that is a wake, planned from the state in the store.
 
 ``load`` (the measured load per key group, or None) only shapes the ranges of a
 rescale decided for one of these reasons: a change of load alone never starts one,
@@ -21,7 +22,7 @@ so plans do not ping-pong as loads wobble.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from keyshift.controller.core.assignment import is_ranges, plan_failover
@@ -72,7 +73,10 @@ def next_rescale(
     store_ok_since: float | None = None,
     load: Sequence[float] | None = None,
     standby: int = 0,
+    held: Collection[int] = (),
 ) -> Rescale | None:
+    """``held``: while the job is scaled to zero, the key groups the store still names an
+    owner of (a wake claims them by force: no worker runs to release them)."""
     if assignment is None:
         return plan_rescale(job, key_groups, None, 0, 0, desired.parallelism, "initial", now,
                             load, standby)  # fmt: skip
@@ -90,5 +94,5 @@ def next_rescale(
 
     if desired.parallelism != p and all_ready:
         return plan_rescale(job, key_groups, owners, p, g, desired.parallelism, desired.reason, now,
-                            load, standby)  # fmt: skip
+                            load, standby, held if p == 0 else ())  # fmt: skip
     return None

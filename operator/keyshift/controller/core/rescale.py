@@ -24,13 +24,21 @@ resumes exactly where the last one stopped.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import msgspec
 
-from keyshift.controller.core.assignment import RangePlan, check_parallelism, moved, plan_ranges
+from keyshift.controller.core.assignment import (
+    NO_OWNER,
+    PlanError,
+    RangePlan,
+    check_parallelism,
+    idle_owners,
+    moved,
+    plan_ranges,
+)
 from keyshift.controller.core.handoffs import HandoffTimeline
 
 Reason = Literal["initial", "manual", "autoscaler", "failover", "rebalance"]
@@ -109,11 +117,12 @@ def _new(
     from_generation: int,
     now: float,
     *,
-    forced: Sequence[int] = (),
+    forced: Collection[int] = (),
     standby: int = 0,
 ) -> Rescale:
     grow = list(range(from_parallelism, to_parallelism))  # standby ones are running already
-    shrink = list(range(to_parallelism + standby, from_parallelism + standby))
+    kept = to_parallelism + standby if to_parallelism else 0  # scaled to zero: no standby
+    shrink = list(range(kept, from_parallelism + standby))
     return Rescale(
         id=secrets.token_hex(4),
         job=job,
@@ -145,18 +154,33 @@ def plan_rescale(
     now: float,
     load: Sequence[float] | None = None,
     standby: int = 0,
+    forced: Collection[int] = (),
 ) -> Rescale:
     """A rescale to ``to_parallelism`` contiguous ranges (also the first deployment);
     ``load``: the measured load per key group, steering the boundaries (None: by count);
     ``standby``: workers kept running beyond the parallelism, owning nothing (a scale-up
-    takes them first; a scale-down keeps that many of the workers it frees)."""
+    takes them first; a scale-down keeps that many of the workers it frees).
+
+    Scale to zero (``to_parallelism`` 0): every key group is released to nobody
+    (:data:`~keyshift.controller.core.assignment.NO_OWNER`) and every worker stops, standby
+    ones too. A wake (from parallelism 0) is planned like a first deployment from the
+    state in the store: nothing is running to hand off from; ``forced``: key groups the
+    store still names an owner of (a release that never came), claimed without waiting.
+    """
+    if to_parallelism == 0:
+        if current_owners is None:
+            raise PlanError("a job cannot start at parallelism 0")
+        return _new(job, reason, current_owners, idle_owners(key_groups), current_parallelism, 0,
+                    current_generation, now, standby=standby)  # fmt: skip
     check_parallelism(to_parallelism, key_groups)
-    plan: RangePlan = plan_ranges(key_groups, to_parallelism, load, current_owners)
+    waking = current_owners is not None and current_parallelism == 0
+    previous = None if waking else current_owners
+    plan: RangePlan = plan_ranges(key_groups, to_parallelism, load, previous)
     rescale = _new(
         job, "initial" if current_owners is None else reason,
-        current_owners or [], plan.owners,
+        previous or [], plan.owners,
         0 if current_owners is None else current_parallelism, to_parallelism,
-        current_generation, now, standby=standby,
+        current_generation, now, standby=standby, forced=forced,
     )  # fmt: skip
     rescale.predicted_balance = plan.balance
     rescale.load_aware = plan.load_aware
@@ -262,7 +286,7 @@ def awaited_workers(r: Rescale) -> set[int]:
     """Workers that must report the new generation before the handoff is done:
     every owner in the new assignment, and every old owner that loses key
     groups (its report means it has released them), unless excused."""
-    new_owners = set(r.to_owners)
+    new_owners = set(r.to_owners) - {NO_OWNER}
     losers = (
         {r.from_owners[kg] for kg in moved(r.from_owners, r.to_owners)} if r.from_owners else set()
     )

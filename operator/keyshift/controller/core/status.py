@@ -105,6 +105,19 @@ FAILED_HINT = {
 """What a person can do about each reason a key group stopped."""
 
 
+def lifecycle_phase(assignment: Assignment | None, current: Rescale | None) -> str | None:
+    """The phase the assignment and the rescale say, on both hosts: ``Pending`` (nothing
+    published yet), ``Rescaling``, ``Idle`` (scaled to zero: no worker runs, the state
+    waits in the store); None while workers run (how well: the host's status says)."""
+    if assignment is None:
+        return "Pending"
+    if current is not None:
+        return "Rescaling"
+    if assignment.parallelism == 0:
+        return "Idle"
+    return None
+
+
 def status_document(
     job: str,
     key_groups: int,
@@ -150,6 +163,7 @@ def status_document(
         "running": running,
         "at": at,
         "key_groups": key_groups,
+        "phase": lifecycle_phase(assignment, current) or "Running",
         "parallelism": 0 if assignment is None else assignment.parallelism,
         "desired_parallelism": desired_parallelism,
         "generation": 0 if assignment is None else assignment.generation,

@@ -52,7 +52,12 @@ from keyshift.controller.kubernetes.status import (
     record_to_status,
     refused_status,
 )
-from keyshift.controller.supervisor import ManualRequest, Supervisor, metrics_provider
+from keyshift.controller.supervisor import (
+    ManualRequest,
+    Supervisor,
+    idle_probe,
+    metrics_provider,
+)
 from keyshift.errors import KeyshiftError
 from keyshift.store import StateStore, StoreError, open_store
 
@@ -294,7 +299,7 @@ class JobRunner:
             history=history_from((self.body.get("status") or {}).get("autoscaler")),
             on_decision=on_decision, settings=self.settings.for_spec(spec),
             on_event=lambda kind, message: self.post_event(kind, event_reason(message), message),
-            namespace=self.namespace,
+            namespace=self.namespace, idle_probe=idle_probe(self.store, self.name, spec),
         )  # fmt: skip
         return self.supervisor
 

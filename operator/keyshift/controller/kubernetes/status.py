@@ -1,6 +1,7 @@
 """The StreamJob's ``status``, as a pure function of what the controller knows.
 
-Phases: ``Pending`` (no assignment published yet), ``Running``, ``Rescaling``,
+Phases: ``Pending`` (no assignment published yet), ``Running``, ``Rescaling``, ``Idle``
+(scaled to zero by the autoscaler: no worker runs, the state waits in the store),
 ``Degraded`` (a worker of the assignment is not ready, or key groups stopped with an
 error: ``failedKeyGroups``, from the workers' metrics), ``Failed`` (the spec
 is invalid: the ``InvalidSpec`` condition says why). A Secret the spec names that does
@@ -27,6 +28,7 @@ from keyshift.controller.core.status import (
     FAILED_HINT,
     failed_by_reason,
     failed_summary,
+    lifecycle_phase,
     rescale_summary,
 )
 from keyshift.errors import KeyshiftError
@@ -130,16 +132,9 @@ def job_status(
         {w for w in range(parallelism) if not (w in workers and workers[w].ready)}
         | {w for w, info in workers.items() if _stuck(info, at)}
     )
-    if assignment is None:
-        phase = "Pending"
-    elif current is not None:
-        phase = "Rescaling"
-    elif not_ready or failed:
-        phase = "Degraded"
-    elif finished:
-        phase = "Finished"
-    else:
-        phase = "Running"
+    phase = lifecycle_phase(assignment, current) or (
+        "Degraded" if not_ready or failed else "Finished" if finished else "Running"
+    )
     last = history[-1] if history else None
     degraded_msg = "every worker is ready"
     if not_ready:
@@ -169,9 +164,13 @@ def job_status(
     )
     running = (f"{parallelism} workers run generation "
                f"{0 if assignment is None else assignment.generation}")  # fmt: skip
+    if phase == "Idle":
+        running = (f"scaled to zero (generation {assignment.generation if assignment else 0}): "
+                   "no worker runs, the state waits in the store; input or a due timer wakes "
+                   "the job")  # fmt: skip
     conditions = [
         condition(previous_conditions, "Ready",
-                  phase in ("Running", "Finished") and refused is None,
+                  phase in ("Running", "Finished", "Idle") and refused is None,
                   "SecretNotAllowed" if refused else phase,
                   f"{refused}; meanwhile {running}, as before" if refused else running, at),
         condition(previous_conditions, "Rescaling", current is not None,

@@ -64,7 +64,12 @@ from keyshift.controller.core.records import FileRecordStore
 from keyshift.controller.core.status import status_document
 from keyshift.controller.local.pool import LocalWorkerPool, pid_alive, stop_pid
 from keyshift.controller.local.view import log_line, render
-from keyshift.controller.supervisor import ManualRequest, Supervisor, metrics_provider
+from keyshift.controller.supervisor import (
+    ManualRequest,
+    Supervisor,
+    idle_probe,
+    metrics_provider,
+)
 from keyshift.errors import KeyshiftError
 from keyshift.store import StateStore, open_store
 from keyshift.store.server import LocalServer
@@ -422,6 +427,7 @@ class LocalRun:
             history=history, on_decision=on_decision,
             settings=self.settings,
             on_event=self.event, fallback_load=lambda: self._last_load,
+            idle_probe=idle_probe(store, self.job, self.spec),
         )  # fmt: skip
         return supervisor
 

@@ -38,6 +38,7 @@ def render(doc: dict[str, Any], events: Sequence[str] = ()) -> Group:
     head = Text.assemble(
         (f"{doc['job']}", "bold"),
         f"  parallelism {doc['parallelism']}",
+        (" (idle: scaled to zero)", "cyan") if doc.get("phase") == "Idle" else "",
         (f" -> {doc['desired_parallelism']}", "yellow")
         if doc["desired_parallelism"] != doc["parallelism"]
         else "",
@@ -126,7 +127,7 @@ def log_line(doc: dict[str, Any]) -> str:
     ready = sum(1 for w in doc["workers"] if w["ready"])
     line = (
         f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(doc['at']))} "
-        f"job={doc['job']} parallelism={doc['parallelism']} "
+        f"job={doc['job']} phase={doc.get('phase', 'Running')} parallelism={doc['parallelism']} "
         f"desired={doc['desired_parallelism']} generation={doc['generation']} "
         f"workers_ready={ready}/{len(doc['workers'])} input={_num(doc['rates']['input'])}/s "
         f"processed={_num(doc['rates']['processed'])}/s lag={_num(doc['lag'])} "

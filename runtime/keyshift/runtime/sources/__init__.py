@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
+
+if TYPE_CHECKING:
+    from keyshift.api.spec import StreamJobSpec
 
 
 class Event(msgspec.Struct, frozen=True, gc=False):
@@ -107,3 +110,29 @@ class Source(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+async def open_source(
+    spec: StreamJobSpec,
+    created_at: float,
+    *,
+    group_id: str,
+    decode: Callable[[bytes], Any] | None = None,
+    on_open: Callable[[Source], None] | None = None,
+) -> Source:
+    """The job's source: the generator (``created_at``: when the job's clock started), or
+    the Kafka topic (waits for it, backing off while Kafka is unreachable; ``on_open`` sees
+    the source before it waits, so that its ``problem()`` can be reported meanwhile)."""
+    from keyshift.api.spec import GeneratorSource
+
+    if isinstance(spec.source, GeneratorSource):
+        from keyshift.runtime.sources.generator import Generator
+
+        return Generator(spec.source, spec.key_groups, created_at)
+    from keyshift.runtime.kafka.source import KafkaRecordSource  # confluent-kafka only when used
+
+    source = KafkaRecordSource(spec.source, spec.key_groups, group_id=group_id, decode=decode)
+    if on_open is not None:
+        on_open(source)
+    await source.open()
+    return source

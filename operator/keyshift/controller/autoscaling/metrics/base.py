@@ -179,6 +179,20 @@ def key_group_load(sample: LoadSample | None, key_groups: int) -> tuple[float, .
     return tuple(out) if sum(out) > 0 else None
 
 
+@dataclass(frozen=True, slots=True)
+class IdleSample:
+    """What the autoscaler looks at while the job is scaled to zero (no worker to scrape):
+    the input beyond the positions committed in the store, and the earliest timer."""
+
+    at: float
+    backlog: int | None
+    """Records in the input beyond the committed positions (None: unknown, see ``missing``)."""
+    next_timer_at: float | None
+    """Unix time the earliest timer of the job is due (None: no timer)."""
+    missing: str = ""
+    """Why the backlog is unknown."""
+
+
 class MetricsProvider(Protocol):
     async def collect(self, job: str, workers: Sequence[WorkerTarget]) -> LoadSample: ...
 
