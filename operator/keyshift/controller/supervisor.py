@@ -166,7 +166,14 @@ class Supervisor:
 
     async def tick(self) -> Decision | None:
         """The controller once, then the autoscaler if its interval has passed (its
-        decision, or None). Store errors reach the caller."""
+        decision, or None); a decision to rescale starts at once (the controller again),
+        not a tick later. Store errors reach the caller."""
+        decision = await self._tick()
+        if decision is not None and decision.action in ("scale_up", "scale_down"):
+            await self.controller.tick()
+        return decision
+
+    async def _tick(self) -> Decision | None:
         controller = self.controller
         await controller.tick()
         scaler = self.autoscaler

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -203,5 +204,41 @@ async def test_a_timer_due_while_at_zero_wakes_the_job(
         job.wait_status, lambda s: s["phase"] == "Idle" and s["generation"] > woken["generation"],
         60, "the job to scale to zero again",
     )  # fmt: skip
+    await store.close()
+    assert job.interrupt() == 0
+
+
+async def test_a_controller_killed_while_waking_the_job_completes_the_wake(
+    tmp_path: Path, local_jobs: list[LocalJob]
+) -> None:
+    """``keyshift run`` SIGKILLed right after publishing the wake's assignment (its third
+    publication: the first deployment, the scale to zero, the wake), with its workers; a
+    restart resumes the wake from its record and the state is exact at the end."""
+    doc = counter_manifest(
+        "insomniac", key_groups=K, parallelism=1, store_url="redis://127.0.0.1:1",
+        source=SOURCE, autoscaler=AUTOSCALER,
+    )  # fmt: skip
+    job = LocalJob(tmp_path, write_manifest(tmp_path, doc), "insomniac")
+    job.env["KEYSHIFT_CRASH_POINTS"] = "executor.publish.after@3"
+    job.start()
+    local_jobs.append(job)
+    assert job.process is not None
+    code = await asyncio.to_thread(job.process.wait, WAKE_AT + 60)
+    assert code == -signal.SIGKILL, job.log()
+    job.process = None
+    current = job.controller_record()["current"]
+    assert current is not None and current["from_parallelism"] == 0, current
+    # published in the store, not yet recorded as handing off: the restart finds it published
+    assert current["phase"] == "publishing" and current["to_parallelism"] >= 1
+    del job.env["KEYSHIFT_CRASH_POINTS"]
+    job.start()
+    status = await asyncio.to_thread(
+        job.wait_status, lambda s: any(r["outcome"] == "succeeded" for r in wakes(s)), 60,
+        "the restarted controller to complete the wake",
+    )  # fmt: skip
+    assert wakes(status)[0]["id"] == current["id"]
+    store = job.store()
+    await wait_for(lambda: all_done(store, "insomniac", K, LIMIT), 60, "the rest of the input")
+    await assert_exact_counter_state(store, "insomniac", SOURCE, K, LIMIT)
     await store.close()
     assert job.interrupt() == 0
