@@ -35,7 +35,7 @@ RESULTS = Path(__file__).parent / "results" / "cold_start.json"
 K = 4
 
 
-def manifest(workdir: Path, job: str, wake_at: float, check: str) -> Path:
+def manifest(job: str, wake_at: float, check: str) -> dict[str, Any]:
     points = [[0, 400], [2, 400], [2, 0], [wake_at, 0], [wake_at, 400], [wake_at + 600, 400]]
     doc = counter_manifest(
         job, key_groups=K, parallelism=1, store_url="redis://127.0.0.1:1",
@@ -46,11 +46,49 @@ def manifest(workdir: Path, job: str, wake_at: float, check: str) -> Path:
             "intervalSeconds": 1, "cooldownSeconds": 2,
         },
     )  # fmt: skip
-    return write_manifest(workdir, doc)
+    return doc
+
+
+async def first_processed(store: Any, job: str, arrives: float) -> float:
+    """When the first record after the silence is committed: the positions' sum moves."""
+    asleep = sum(await positions(store, job, K))
+    while sum(await positions(store, job, K)) == asleep:
+        if time.time() > arrives + 60:
+            raise TimeoutError("nothing processed within 60 s of the input's return")
+        await asyncio.sleep(0.02)
+    return time.time()
+
+
+def breakdown(status: dict[str, Any], arrives: float, processed: float) -> dict[str, Any]:
+    """The cold start and its parts, from the wake's decision and rescale record in a
+    status (``keyshift status --json`` or the StreamJob's ``status``: the same fields)."""
+    wake = next(r for r in status["rescales"] if r["from"] == 0 and r["reason"] == "autoscaler")
+    decided = next(d["at"] for d in status["autoscaler"]["decisions"]
+                   if d["reason"] == "input_waiting")  # fmt: skip
+    steps = wake["steps"]
+    rescale_end = wake["started_at"] + (wake["duration_seconds"] or 0.0)
+    return {
+        "cold_start_seconds": round(processed - arrives, 3),
+        "detection_seconds": round(decided - arrives, 3),
+        "decision_to_rescale_seconds": round(wake["started_at"] - decided, 3),
+        "starting_workers_seconds": steps.get("starting_workers"),
+        "publishing_seconds": steps.get("publishing"),
+        "handing_off_seconds": steps.get("handing_off"),
+        "after_rescale_seconds": round(processed - rescale_end, 3),
+        "woke_to": wake["to"],
+    }
+
+
+def woken(status: dict[str, Any]) -> bool:
+    """The wake's rescale has finished (and so its record is complete)."""
+    return any(r["from"] == 0 and r["reason"] == "autoscaler" and r["outcome"]
+               for r in status.get("rescales") or [])  # fmt: skip
 
 
 async def one_round(workdir: Path, wake_at: float, check: str) -> dict[str, Any]:
-    job = LocalJob(workdir, manifest(workdir, "cold", wake_at, check), "cold").start()
+    """``keyshift run``: processes on this machine."""
+    doc = manifest("cold", wake_at, check)
+    job = LocalJob(workdir, write_manifest(workdir, doc), "cold").start()
     try:
         await asyncio.to_thread(job.wait_status, lambda s: s["phase"] == "Idle", wake_at - 2,
                                 "the job to scale to zero before the second burst")  # fmt: skip
@@ -58,36 +96,80 @@ async def one_round(workdir: Path, wake_at: float, check: str) -> dict[str, Any]
         info = await store.job_info("cold")
         assert info is not None
         arrives = info.created_at + wake_at
-        asleep = sum(await positions(store, "cold", K))
-        while sum(await positions(store, "cold", K)) == asleep:
-            if time.time() > arrives + 60:
-                raise TimeoutError("nothing processed within 60 s of the input's return")
-            await asyncio.sleep(0.02)
-        processed = time.time()
+        processed = await first_processed(store, "cold", arrives)
         await store.close()
-        status = await asyncio.to_thread(
-            job.wait_status,
-            lambda s: any(r["from"] == 0 and r["reason"] == "autoscaler" and r["outcome"]
-                          for r in s["rescales"]), 30, "the wake's record",
-        )  # fmt: skip
-        wake = next(r for r in status["rescales"] if r["from"] == 0 and r["reason"] == "autoscaler")
-        decided = next(d["at"] for d in status["autoscaler"]["decisions"]
-                       if d["reason"] == "input_waiting")  # fmt: skip
-        steps = wake["steps"]
-        rescale_end = wake["started_at"] + (wake["duration_seconds"] or 0.0)
-        return {
-            "cold_start_seconds": round(processed - arrives, 3),
-            "detection_seconds": round(decided - arrives, 3),
-            "decision_to_rescale_seconds": round(wake["started_at"] - decided, 3),
-            "starting_workers_seconds": steps.get("starting_workers"),
-            "publishing_seconds": steps.get("publishing"),
-            "handing_off_seconds": steps.get("handing_off"),
-            "after_rescale_seconds": round(processed - rescale_end, 3),
-            "woke_to": wake["to"],
-        }
+        status = await asyncio.to_thread(job.wait_status, woken, 30, "the wake's record")
+        return breakdown(status, arrives, processed)
     finally:
         job.interrupt()
         job.close()
+
+
+async def one_operator_round(workdir: Path, wake_at: float, check: str) -> dict[str, Any]:
+    """The operator on the Kubernetes emulator: pods of a StatefulSet (run as local
+    processes by the tests' pod runner), Prometheus scraping them, a Valkey server."""
+    from keyshift.store import open_store
+    from keyshift.store.server import LocalServer
+    from tests.e2e.harness import OperatorProcess
+    from tests.e2e.kubelet import PodRunner
+    from tests.k8s.emulator import KubernetesEmulator
+    from tests.prometheus_server import PrometheusServer
+    from tests.support import REPO
+
+    for part in ("k8s", "kubelet", "prometheus", "valkey"):
+        (workdir / part).mkdir()
+    k8s = KubernetesEmulator(workdir / "k8s").start()
+    pods = PodRunner(k8s.url, workdir / "kubelet").start()
+    prometheus = PrometheusServer(workdir / "prometheus").start()
+    server = LocalServer(workdir / "valkey").start()
+    operator: OperatorProcess | None = None
+    stop = asyncio.Event()
+
+    async def follow_pods() -> None:  # Prometheus scrapes the pods, as a ServiceMonitor would
+        last: list[str] = []
+        while not stop.is_set():
+            ports = [pods.http_port_of(p["metadata"]["name"])
+                     for p in k8s.list("pods", "default")]  # fmt: skip
+            targets = sorted(f"127.0.0.1:{port}" for port in ports if port)
+            if targets != last:
+                prometheus.set_targets(targets)
+                last = targets
+            await asyncio.sleep(0.3)
+
+    follower = asyncio.create_task(follow_pods())
+    try:
+        k8s.kubectl("apply", "--validate=false", "-f", str(REPO / "crds" / "streamjob.yaml"))
+        operator = OperatorProcess(k8s.kubeconfig, workdir / "operator.log").start()
+        doc = manifest("cold", wake_at, check)
+        doc["spec"]["stateStore"]["url"] = server.url
+        doc["spec"]["autoscaler"]["prometheus"] = {"url": prometheus.url}
+        doc["spec"]["autoscaler"]["metricsWindowSeconds"] = 4
+        k8s.kubectl("apply", "--validate=false", "-f", "-", input=json.dumps(doc))
+
+        def status() -> dict[str, Any]:
+            obj = k8s.get("streamjobs.keyshift.dev", "cold") or {}
+            found: dict[str, Any] = obj.get("status") or {}
+            return found
+
+        await asyncio.to_thread(k8s.wait_for, lambda: status().get("phase") == "Idle",
+                                wake_at - 2, "the job to scale to zero")  # fmt: skip
+        store = open_store(server.url)
+        info = await store.job_info("cold")
+        assert info is not None
+        arrives = info.created_at + wake_at
+        processed = await first_processed(store, "cold", arrives)
+        await store.close()
+        await asyncio.to_thread(k8s.wait_for, lambda: woken(status()), 30, "the wake's record")
+        return breakdown(status(), arrives, processed)
+    finally:
+        stop.set()
+        await follower
+        if operator is not None:
+            operator.stop()
+        pods.stop()
+        prometheus.stop()
+        server.stop()
+        k8s.stop()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -95,7 +177,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--wake-at", type=float, default=25.0, help="job time of the second burst")
     p.add_argument("--wake-check", default="1s", help="autoscaler.wakeCheckSeconds")
-    p.add_argument("--output", type=Path, default=RESULTS)
+    p.add_argument(
+        "--operator",
+        action="store_true",
+        help="the operator on the Kubernetes emulator instead of keyshift run",
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="default: results/cold_start.json (cold_start_operator.json)",
+    )
     return p.parse_args(argv)
 
 
@@ -108,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         # return over one check interval, or every round would see the same detection
         wake_at = args.wake_at + check * i / args.rounds
         with tempfile.TemporaryDirectory(prefix="keyshift-cold-") as tmp:
-            r = asyncio.run(one_round(Path(tmp), wake_at, args.wake_check))
+            measure = one_operator_round if args.operator else one_round
+            r = asyncio.run(measure(Path(tmp), wake_at, args.wake_check))
         rounds.append(r)
         print(f"round {i + 1}/{args.rounds}: " + ", ".join(f"{k} {v}" for k, v in r.items()),
               flush=True)  # fmt: skip
@@ -117,11 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "command": "python -m benchmarks.cold_start "
         + " ".join(sys.argv[1:] if argv is None else argv),
+        "host": "operator on the Kubernetes emulator" if args.operator else "keyshift run",
         "wake_check": args.wake_check,
         "rounds": rounds,
         "median": medians,
     }
-    args.output.write_text(json.dumps(doc, indent=2) + "\n")
+    output = args.output or RESULTS.with_name(
+        "cold_start_operator.json" if args.operator else "cold_start.json"
+    )
+    output.write_text(json.dumps(doc, indent=2) + "\n")
     print("median: " + ", ".join(f"{k} {v:.3f}" for k, v in medians.items()))
     return 0
 
