@@ -604,3 +604,12 @@ def test_an_unknown_input_does_not_wake_the_job() -> None:
     d, _ = wake(IdleSample(T0, backlog=None, next_timer_at=None, missing="Kafka unreachable"))
     assert (d.action, d.reason, d.desired) == ("none", "metrics_incomplete", 0)
     assert "Kafka unreachable" in d.message
+
+
+def test_a_long_sleep_keeps_one_decision_not_one_per_check() -> None:
+    _, h = run(idle(2, T0 + 300), ScalingHistory(idle_since=T0), ZERO)
+    for i in range(50):
+        _, h = decide_wake(IdleSample(T0 + 301 + i, 0, None), h, ZERO, key_groups=K,
+                           now=T0 + 301 + i)  # fmt: skip
+    assert [(d.action, d.reason) for d in h.decisions] == [("scale_down", "idle"), ("none", "idle")]
+    assert h.decisions[-1].at == T0 + 350

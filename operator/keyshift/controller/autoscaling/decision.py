@@ -880,7 +880,15 @@ def decide_wake(
         decision = made("none", reason, 0, f"scaled to zero: {what}")
     if decision.action == "scale_up":
         history = msgspec.structs.replace(history, idle_since=None, recommendations=())
-    return decision, remember(history, decision, spec)
+    previous = history.decisions[-1] if history.decisions else None
+    history = remember(history, decision, spec)
+    if (
+        decision.action == "none"
+        and previous is not None
+        and (previous.action, previous.reason, previous.current) == ("none", decision.reason, 0)
+    ):  # one decision for the whole sleep, not one per check: the last ones stay readable
+        history = msgspec.structs.replace(history, decisions=(*history.decisions[:-2], decision))
+    return decision, history
 
 
 def _no_scale_up(
