@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from keyshift.api.spec import AutoscalerSpec, StreamJobSpec
@@ -73,13 +73,18 @@ def metrics_provider(
     return DirectScrapeProvider(window_seconds=spec.metrics_window_seconds)
 
 
-def idle_probe(store: StateStore, job: str, spec: StreamJobSpec) -> IdleProbe | None:
+def idle_probe(
+    store: StateStore,
+    job: str,
+    spec: StreamJobSpec,
+    credentials: Callable[[], Awaitable[Mapping[str, str]]] | None = None,
+) -> IdleProbe | None:
     """What wakes the job from zero, if its autoscaler may scale it there
-    (``minParallelism: 0``)."""
+    (``minParallelism: 0``); ``credentials``: the Kafka ones (see :class:`IdleProbe`)."""
     scaler = spec.autoscaler
     if not scaler.enabled or scaler.min_parallelism > 0:
         return None
-    return IdleProbe(store, job, spec)
+    return IdleProbe(store, job, spec, credentials)
 
 
 _NOTHING_SEEN = object()

@@ -26,7 +26,11 @@ from keyshift.controller.kubernetes.api import (
     secret_allowed,
     secret_refusal,
 )
-from keyshift.controller.kubernetes.job import apply_owned_objects, check_secrets
+from keyshift.controller.kubernetes.job import (
+    apply_owned_objects,
+    check_secrets,
+    kafka_credentials,
+)
 from keyshift.controller.kubernetes.objects import secret_refs
 from keyshift.controller.kubernetes.status import job_status, refused_status
 from keyshift.store import Assignment
@@ -156,6 +160,35 @@ async def test_the_api_reads_only_labelled_secrets(k8s: KubernetesEmulator, api:
     assert await api.read_secret_key("default", "opted-in", "password", "x") == "hunter2"
     with pytest.raises(SecretKeyMissing, match="has no key 'token'"):
         await api.read_secret_key("default", "opted-in", "token", "x")
+
+
+async def test_the_kafka_credentials_of_the_workers_are_read_for_the_idle_probe(
+    k8s: KubernetesEmulator, api: KubeApi
+) -> None:
+    """While a job is scaled to zero the operator reads its Kafka topic itself, with the
+    credentials the workers get from ``spec.env``; nothing else of the env, and a Secret
+    that does not opt in is refused as everywhere."""
+    make_secret(k8s, "kafka", {SECRET_LABEL: "true"})
+    make_secret(k8s, "other")
+    s = spec(env=[
+        {"name": "KEYSHIFT_KAFKA_SASL_USERNAME", "value": "keyshift"},
+        {"name": "KEYSHIFT_KAFKA_SASL_PASSWORD",
+         "valueFrom": {"secretKeyRef": {"name": "kafka", "key": "password"}}},
+        {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "other", "key": "password"}}},
+    ])  # fmt: skip
+    assert await kafka_credentials(api, "default", s) == {
+        "KEYSHIFT_KAFKA_SASL_USERNAME": "keyshift", "KEYSHIFT_KAFKA_SASL_PASSWORD": "hunter2",
+    }  # fmt: skip
+    refused = spec(
+        env=[
+            {
+                "name": "KEYSHIFT_KAFKA_SASL_PASSWORD",
+                "valueFrom": {"secretKeyRef": {"name": "other", "key": "password"}},
+            }
+        ]
+    )
+    with pytest.raises(SecretNotAllowed):
+        await kafka_credentials(api, "default", refused)
 
 
 async def test_nothing_is_created_while_a_secret_is_refused(

@@ -59,6 +59,7 @@ from keyshift.controller.supervisor import (
     metrics_provider,
 )
 from keyshift.errors import KeyshiftError
+from keyshift.runtime.kafka.client import ENV_PREFIX as KAFKA_ENV_PREFIX
 from keyshift.store import StateStore, StoreError, open_store
 
 log = logging.getLogger("keyshift.operator")
@@ -165,6 +166,23 @@ async def open_job_store(api: KubeApi, namespace: str, spec: StreamJobSpec) -> S
         with contextlib.suppress(SecretKeyMissing):
             ca_data = await api.read_secret_key(namespace, secret, "ca.crt", "stateStore.secretRef")
     return open_store(url, password=password, ca_data=ca_data)
+
+
+async def kafka_credentials(api: KubeApi, namespace: str, spec: StreamJobSpec) -> dict[str, str]:
+    """The ``KEYSHIFT_KAFKA_*`` variables of the workers' ``spec.env``, their Secrets read
+    (the operator reads the job's Kafka topic itself while the job is scaled to zero)."""
+    out: dict[str, str] = {}
+    for var in spec.env:
+        if not var.name.startswith(KAFKA_ENV_PREFIX):
+            continue
+        ref = (var.value_from or {}).get("secretKeyRef")
+        if var.value is not None:
+            out[var.name] = var.value
+        elif ref:
+            out[var.name] = await api.read_secret_key(
+                namespace, ref["name"], ref["key"], f"env {var.name}"
+            )
+    return out
 
 
 class JobRunner:
@@ -299,7 +317,9 @@ class JobRunner:
             history=history_from((self.body.get("status") or {}).get("autoscaler")),
             on_decision=on_decision, settings=self.settings.for_spec(spec),
             on_event=lambda kind, message: self.post_event(kind, event_reason(message), message),
-            namespace=self.namespace, idle_probe=idle_probe(self.store, self.name, spec),
+            namespace=self.namespace,
+            idle_probe=idle_probe(self.store, self.name, spec,
+                                  lambda: kafka_credentials(self.api, self.namespace, spec)),
         )  # fmt: skip
         return self.supervisor
 

@@ -10,7 +10,7 @@ last commit left it, on any worker.  Two sources exist: the deterministic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -119,10 +119,12 @@ async def open_source(
     group_id: str,
     decode: Callable[[bytes], Any] | None = None,
     on_open: Callable[[Source], None] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Source:
     """The job's source: the generator (``created_at``: when the job's clock started), or
     the Kafka topic (waits for it, backing off while Kafka is unreachable; ``on_open`` sees
-    the source before it waits, so that its ``problem()`` can be reported meanwhile)."""
+    the source before it waits, so that its ``problem()`` can be reported meanwhile;
+    ``environ``: where its ``KEYSHIFT_KAFKA_*`` credentials are, default the process's)."""
     from keyshift.api.spec import GeneratorSource
 
     if isinstance(spec.source, GeneratorSource):
@@ -131,7 +133,9 @@ async def open_source(
         return Generator(spec.source, spec.key_groups, created_at)
     from keyshift.runtime.kafka.source import KafkaRecordSource  # confluent-kafka only when used
 
-    source = KafkaRecordSource(spec.source, spec.key_groups, group_id=group_id, decode=decode)
+    source = KafkaRecordSource(
+        spec.source, spec.key_groups, group_id=group_id, decode=decode, environ=environ
+    )
     if on_open is not None:
         on_open(source)
     await source.open()

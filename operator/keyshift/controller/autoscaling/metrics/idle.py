@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from keyshift.api.spec import StreamJobSpec
 from keyshift.controller.autoscaling.metrics.base import IdleSample
@@ -52,10 +52,19 @@ def timer_due_at(
 class IdleProbe:
     """The :class:`IdleSample` of one job, collected from the store and the job's source."""
 
-    def __init__(self, store: StateStore, job: str, spec: StreamJobSpec) -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        job: str,
+        spec: StreamJobSpec,
+        credentials: Callable[[], Awaitable[Mapping[str, str]]] | None = None,
+    ) -> None:
+        """``credentials``: the ``KEYSHIFT_KAFKA_*`` variables the workers get (on Kubernetes
+        from Secrets), read when the source opens; default the process's environment."""
         self.store = store
         self.job = job
         self.spec = spec
+        self.credentials = credentials
         self._source: Source | None = None
         self._assigned: list[int] = []
 
@@ -92,11 +101,11 @@ class IdleProbe:
         if self._source is None:
             info = await self.store.job_info(self.job)
             created_at = 0.0 if info is None else info.created_at
+            environ = None if self.credentials is None else await self.credentials()
+            opening = open_source(self.spec, created_at, group_id=f"keyshift-{self.job}-idle",
+                                  environ=environ)  # fmt: skip
             try:
-                self._source = await asyncio.wait_for(
-                    open_source(self.spec, created_at, group_id=f"keyshift-{self.job}-idle"),
-                    SOURCE_OPEN_SECONDS,
-                )
+                self._source = await asyncio.wait_for(opening, SOURCE_OPEN_SECONDS)
             except TimeoutError:
                 return None
             self._assigned = []
