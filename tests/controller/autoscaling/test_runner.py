@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from keyshift.controller.autoscaling.decision import Decision
-from keyshift.controller.autoscaling.runner import choose_desired, direction, worth_an_event
+from keyshift.api.spec import AutoscalerSpec
+from keyshift.controller.autoscaling.decision import Decision, ScalingHistory
+from keyshift.controller.autoscaling.metrics.direct import DirectScrapeProvider
+from keyshift.controller.autoscaling.runner import (
+    AutoscalerRunner,
+    choose_desired,
+    direction,
+    worth_an_event,
+)
 from keyshift.controller.core.reconcile import Desired
 
 
@@ -27,3 +34,15 @@ def test_events_for_actions_and_changes_of_reason_only() -> None:
     assert worth_an_event(up, up)
     assert direction(up) == "up" and direction(decision("scale_down", "low_utilization")) == "down"
     assert direction(quiet) == "none" and direction(decision("blocked", "x")) == "blocked"
+
+
+def test_a_job_at_zero_stays_asleep_across_a_restart_unless_its_spec_forbids_zero() -> None:
+    asleep = ScalingHistory(parallelism=0)
+    zero = AutoscalerSpec(enabled=True, min_parallelism=0)
+    provider = DirectScrapeProvider(window_seconds=60)
+    assert AutoscalerRunner("j", 8, zero, provider, asleep).wish == 0
+    assert AutoscalerRunner("j", 8, zero, provider, ScalingHistory(parallelism=2)).wish is None
+    one = AutoscalerSpec(enabled=True, min_parallelism=1)
+    assert AutoscalerRunner("j", 8, one, provider, asleep).wish is None  # the manual one wakes it
+    advice = zero.model_copy(update={"mode": "recommend"})
+    assert AutoscalerRunner("j", 8, advice, provider, asleep).wish is None

@@ -90,12 +90,12 @@ class AutoscalerRunner:
         self.history = history if history is not None else ScalingHistory()
         self.on_decision = on_decision or (lambda decision, notable: None)
         """Called with each decision and whether it is worth an event."""
-        self.wish: int | None = (
-            0 if spec.mode == "scale" and self.history.parallelism == 0 else None
-        )
+        asleep = spec.mode == "scale" and spec.min_parallelism == 0
+        self.wish: int | None = 0 if asleep and self.history.parallelism == 0 else None
         """The parallelism the autoscaler last chose (scale mode); it stands until the
         autoscaler chooses another or the user sets one. A job the autoscaler scaled to
-        zero stays there across a restart of the controller."""
+        zero stays there across a restart of the controller, unless its spec no longer
+        allows zero (then the manual parallelism wakes it)."""
         self.last: Decision | None = self.history.decisions[-1] if self.history.decisions else None
         self.last_window: LoadSample | None = None
         """The last window collected (the job's status reads failed key groups from it)."""
