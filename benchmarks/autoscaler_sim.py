@@ -32,6 +32,23 @@ catchUpSeconds 120, metricsWindowSeconds 60, intervalSeconds 15,
 cooldownSeconds 30, scaleDownStabilizationSeconds 300, no factors).  Flink:
 :class:`benchmarks.flink_autoscaler.FlinkAutoscaler` (its defaults, cited there).
 
+**Scale to zero** (``minParallelism: 0``): ``decide``'s ``idle`` decision scales to 0
+like any scale-down (the key groups are handed over, i.e. released, then the workers
+stop; nothing is left to process, as the job was idle).  At 0 no worker runs, so none
+is charged, nothing is processed and arriving input waits as lag.  Every
+``wakeCheckSeconds`` (the simulation's step, 1 s, is the finest it can check; the
+default is 1 s) the policy gets an ``IdleSample`` whose backlog is the input arrived
+and not processed, and asks ``decide_wake``, as the operator's runner does
+(``AutoscalerRunner.tick_idle``).  A wake is a scale-up from 0: the new workers start
+``startup_seconds`` (5 s) before the handoff, then every key group pauses
+``pause_seconds`` (1 s), so the cold start is the detection (up to a check interval
+after the first record) + 6 s.  That is slower than measured
+(benchmarks/RESULTS.md, "Cold start from zero": 0.6-1.4 s locally), leaving room for
+a pod's scheduling.  After it the new workers leave the metrics window incomplete for a
+window, as after any scale-up.  :class:`Wake` records each wake: when the input came
+back, when the workers process again, and when the lag was under ``LAG_OK_SECONDS`` of
+input for good (until the next scale to zero).
+
 Results: ``benchmarks/results/autoscaler_sim.json``, the plot
 ``benchmarks/autoscaler_sim.png`` and the "Autoscaler (simulation)" section of
 ``benchmarks/RESULTS.md``.
@@ -58,9 +75,10 @@ from keyshift.controller.autoscaling.decision import (
     ScalingHistory,
     align,
     decide,
+    decide_wake,
     max_range,
 )
-from keyshift.controller.autoscaling.metrics.base import LoadSample, WorkerLoad
+from keyshift.controller.autoscaling.metrics.base import IdleSample, LoadSample, WorkerLoad
 from keyshift.controller.core.assignment import plan_assignment
 
 HERE = Path(__file__).resolve().parent
@@ -95,7 +113,9 @@ class JobModel:
 
     def capacity(self, parallelism: int) -> float:
         """Records/s the job sustains with even load per key group: the busiest worker's
-        range bounds it."""
+        range bounds it (0 at parallelism 0)."""
+        if parallelism <= 0:
+            return 0.0
         return self.worker_capacity * self.key_groups / max_range(parallelism, self.key_groups)
 
 
@@ -217,6 +237,8 @@ class JobView:
     """When the job last (re)started: the end of the last Flink restart."""
     sample: Callable[[float], LoadSample]
     """The metrics over the last ``window`` seconds."""
+    backlog: Callable[[], int] = lambda: 0
+    """Records arrived and not processed (what the idle probe reads at parallelism 0)."""
 
 
 @dataclass(frozen=True)
@@ -243,7 +265,8 @@ class Policy(Protocol):
 
 
 class KeyshiftPolicy:
-    """keyshift's ``decide``, with the history kept between evaluations."""
+    """keyshift's ``decide``, with the history kept between evaluations; at parallelism 0
+    (no rescale running) ``decide_wake`` on an ``IdleSample`` instead."""
 
     name = "keyshift"
 
@@ -251,27 +274,62 @@ class KeyshiftPolicy:
         self.spec = spec or AutoscalerSpec(enabled=True)
         self.interval_seconds = self.spec.interval_seconds
         self.metrics_window_seconds = self.spec.metrics_window_seconds
+        self.wake_check_seconds = self.spec.wake_check_seconds
+        """The interval at parallelism 0 (:func:`simulate` reads it)."""
         self.history = ScalingHistory()
         self.decisions: list[Decision] = []
+        """The decisions, a run of "still at zero" ones kept as its last (as the history
+        keeps them)."""
+        self.wake_checks = 0
+        self._last_idle: tuple[float, int] | None = None
+        """The previous wake check's time and backlog (the arrival rate, as the probe's)."""
 
     def evaluate(self, view: JobView) -> Verdict:
-        window = view.sample(self.spec.metrics_window_seconds)
-        decision, self.history = decide(
-            window,
-            self.history,
-            self.spec,
-            current=view.current,
-            key_groups=view.key_groups,
-            now=view.now,
-            rescaling=view.rescaling,
-            failing_over=False,
-        )
+        if view.current == 0 and not view.rescaling:
+            self.wake_checks += 1
+            backlog = view.backlog()
+            arrival = None  # at zero nothing is processed: the backlog grows by the arrivals
+            if self._last_idle is not None and view.now > self._last_idle[0]:
+                arrival = max(0.0, (backlog - self._last_idle[1]) / (view.now - self._last_idle[0]))
+            self._last_idle = (view.now, backlog)
+            sample = IdleSample(at=view.now, backlog=backlog, next_timer_at=None,
+                                arrival_rate=arrival)  # fmt: skip
+            decision, self.history = decide_wake(
+                sample, self.history, self.spec, key_groups=view.key_groups, now=view.now
+            )
+            last = self.decisions[-1] if self.decisions else None
+            if (
+                decision.action == "none"
+                and last is not None
+                and (last.action, last.reason, last.current) == ("none", decision.reason, 0)
+            ):
+                self.decisions.pop()
+        else:
+            self._last_idle = None  # awake: the next sleep measures its arrivals afresh
+            window = view.sample(self.spec.metrics_window_seconds)
+            decision, self.history = decide(
+                window,
+                self.history,
+                self.spec,
+                current=view.current,
+                key_groups=view.key_groups,
+                now=view.now,
+                rescaling=view.rescaling,
+                failing_over=False,
+            )
         self.decisions.append(decision)
         acted = decision.action in ("scale_up", "scale_down")
         return Verdict(decision.desired if acted else None, decision.reason, decision.message)
 
 
 # -- the simulation ------------------------------------------------------------------------------
+
+
+def owners(key_groups: int, parallelism: int) -> npt.NDArray[np.int64]:
+    """Each key group's worker (``plan_assignment``); -1 for all at parallelism 0."""
+    if parallelism <= 0:
+        return np.full(key_groups, -1, dtype=np.int64)
+    return np.array(plan_assignment(key_groups, parallelism), dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -304,6 +362,52 @@ class Action:
 
 
 @dataclass
+class Wake:
+    """One wake from parallelism 0 and the lag after it (seconds are simulation time)."""
+
+    input_at: float
+    """The first step with input since the job was at 0 (the decision's time if none)."""
+    decided_at: float
+    to: int
+    backlog: int
+    """Records waiting when the wake was decided."""
+    running_at: float | None = None
+    """When the woken workers process (the wake's rescale done)."""
+    lag_ok_at: float | None = None
+    """End of the last step (before the next scale to zero) with the lag at or above
+    ``LAG_OK_SECONDS`` of input; None if there was none."""
+    max_lag_records: float = 0.0
+    max_lag_seconds: float = 0.0
+    """Over the time awake: the highest lag, in records and in seconds of input."""
+    asleep_at: float | None = None
+    """The next scale to zero's decision, if any."""
+
+    @property
+    def cold_start(self) -> float | None:
+        """Input back -> workers processing."""
+        return None if self.running_at is None else self.running_at - self.input_at
+
+    @property
+    def lag_ok_after(self) -> float:
+        """Input back -> lag under ``LAG_OK_SECONDS`` of input for the rest of the time
+        awake (0: it never was above)."""
+        return 0.0 if self.lag_ok_at is None else self.lag_ok_at - self.input_at
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "input_at": self.input_at,
+            "decided_at": self.decided_at,
+            "to": self.to,
+            "backlog_records": self.backlog,
+            "cold_start_seconds": self.cold_start,
+            "lag_ok_after_seconds": self.lag_ok_after,
+            "max_lag_records": round(self.max_lag_records),
+            "max_lag_seconds": round(self.max_lag_seconds, 1),
+            "asleep_at": self.asleep_at,
+        }
+
+
+@dataclass
 class Run:
     """One trace through one policy: the series and the summary."""
 
@@ -326,6 +430,13 @@ class Run:
     """Seconds from the change until the lag stayed under 10 s of input."""
     worker_hours: float = 0.0
     final_parallelism: int = 0
+    seconds_at_zero: float = 0.0
+    """Time with no worker running (nothing charged)."""
+    wakes: list[Wake] = field(default_factory=list)
+    records_arrived: float = 0.0
+    records_processed: float = 0.0
+    """Since the simulation's start (warm-up included): arrived - processed = the final lag."""
+    final_lag: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -342,6 +453,11 @@ class Run:
             "lag_ok_after_seconds": self.lag_ok_after,
             "worker_hours": round(self.worker_hours, 2),
             "final_parallelism": self.final_parallelism,
+            "seconds_at_zero": self.seconds_at_zero,
+            "wakes": [w.summary() for w in self.wakes],
+            "records_arrived": round(self.records_arrived),
+            "records_processed": round(self.records_processed),
+            "final_lag_records": round(self.final_lag),
         }
 
 
@@ -355,13 +471,14 @@ class Simulation:
         self.start = -warmup
         self.current = trace.initial_parallelism
         self.running = trace.initial_parallelism  # workers up (new ones start before the handoff)
-        self.owners = np.array(plan_assignment(k, self.current), dtype=np.int64)
+        self.owners = owners(k, self.current)
         self.lag_kg = np.zeros(k)
         self.paused_until = np.full(k, -math.inf)
         self.started_at = np.full(k, -math.inf)
         self.processed = np.zeros(k)  # per worker ordinal, cumulative
         self.busy = np.zeros(k)
         self.arrived = 0.0
+        self.processed_total = 0.0
         self.running_since = -warmup
         self.pending: Pending | None = None
         self.snaps: deque[Snapshot] = deque()
@@ -399,7 +516,7 @@ class Simulation:
             return
         if not p.switched and self.t >= p.switch_at:
             p.switched = True
-            new = np.array(plan_assignment(self.k, p.to), dtype=np.int64)
+            new = owners(self.k, p.to)
             moved = np.ones(self.k, dtype=bool) if m.pause_all else new != self.owners
             self.paused_until[moved] = p.done_at
             self.owners = new
@@ -422,6 +539,9 @@ class Simulation:
         rate = self.rate(self.t)
         self.lag_kg += rate * dt / self.k
         self.arrived += rate * dt
+        if self.owner_count() == 0:  # at zero: the input waits
+            self.t += dt
+            return rate, 0.0
         avail = np.clip((self.t + dt - self.paused_until) / dt, 0.0, 1.0)
         processable = self.lag_kg * avail
         demand = np.bincount(self.owners, weights=processable, minlength=self.k)
@@ -431,13 +551,19 @@ class Simulation:
         self.lag_kg -= done
         per_worker = np.bincount(self.owners, weights=done, minlength=self.k)
         self.processed += per_worker
+        self.processed_total += float(per_worker.sum())
         self.busy += per_worker / m.worker_capacity
         capacity = m.capacity(self.owner_count()) * float(avail.mean())
         self.t += dt
         return rate, capacity
 
     def owner_count(self) -> int:
+        """Workers owning key groups (0 at parallelism 0)."""
         return int(self.owners.max()) + 1
+
+    def backlog(self) -> int:
+        """Records arrived and not processed."""
+        return round(float(self.lag_kg.sum()))
 
     def snapshot(self) -> None:
         self.snaps.append(
@@ -512,15 +638,22 @@ def simulate(
     warmup: float = 1260.0,
     record_every: float | None = None,
 ) -> Run:
-    """Run ``trace`` through ``policy`` on ``model``; see the module docstring."""
+    """Run ``trace`` through ``policy`` on ``model``; see the module docstring.
+
+    A policy with a ``wake_check_seconds`` attribute (:class:`KeyshiftPolicy`) is evaluated
+    that often while the job is at 0 and right after a decision for 0, as the operator's
+    runner does; at most once per step (``model.dt``)."""
     sim = Simulation(trace, model, warmup)
     keep = round(max(policy.metrics_window_seconds, 60.0) / model.dt) + 2
     record_every = record_every or max(5.0, trace.duration / 720)
+    wake_check: float | None = getattr(policy, "wake_check_seconds", None)
     run = Run(policy=policy.name, trace=trace.name)
     next_eval = 0.0
     bucket: list[tuple[float, float, float]] = []
     lag_high_until: float | None = None
     change = trace.change_at
+    input_back: float | None = None  # the first step with input while at 0
+    wake: Wake | None = None  # the last wake, until the next scale to zero
     while sim.t < trace.duration - 1e-9:
         sim.advance_rescale()
         sim.snapshot()
@@ -528,7 +661,7 @@ def simulate(
             sim.snaps.popleft()
         t = sim.t
         if t >= next_eval - 1e-9:
-            next_eval += policy.interval_seconds
+            asleep = sim.current == 0 and sim.pending is None
             view = JobView(
                 now=t,
                 current=sim.current,
@@ -536,13 +669,25 @@ def simulate(
                 rescaling=sim.pending is not None,
                 running_since=sim.running_since,
                 sample=sim.sample,
+                backlog=sim.backlog,
             )
             verdict = policy.evaluate(view)
             run.reasons[verdict.reason] = run.reasons.get(verdict.reason, 0) + 1
+            if wake_check is not None and (asleep or verdict.desired == 0):
+                next_eval = t + wake_check
+            else:
+                next_eval += policy.interval_seconds
             if verdict.desired is not None and verdict.desired != sim.current:
                 run.actions.append(
                     Action(t, sim.current, verdict.desired, verdict.reason, verdict.message)
                 )
+                if asleep:
+                    at = t if input_back is None else input_back
+                    wake = Wake(at, t, verdict.desired, sim.backlog())
+                    run.wakes.append(wake)
+                    input_back = None
+                elif verdict.desired == 0 and wake is not None:
+                    wake.asleep_at, wake = t, None
                 sim.start_rescale(verdict.desired)
         running = sim.running
         load, capacity = sim.step()
@@ -550,8 +695,21 @@ def simulate(
             continue
         lag = float(sim.lag_kg.sum())
         run.worker_hours += running * model.dt / 3600
+        if running == 0:
+            run.seconds_at_zero += model.dt
         run.max_lag_records = max(run.max_lag_records, lag)
-        run.max_lag_seconds = max(run.max_lag_seconds, lag / max(load, 1e-9))
+        if load > 0:  # seconds of input: none at zero load
+            run.max_lag_seconds = max(run.max_lag_seconds, lag / load)
+        if sim.owner_count() == 0 and wake is None and input_back is None and load > 0:
+            input_back = t
+        if wake is not None:
+            if wake.running_at is None and sim.current > 0:
+                wake.running_at = t
+            wake.max_lag_records = max(wake.max_lag_records, lag)
+            if load > 0:
+                wake.max_lag_seconds = max(wake.max_lag_seconds, lag / load)
+            if lag > 0 and lag >= LAG_OK_SECONDS * load:
+                wake.lag_ok_at = sim.t
         if change is not None and t >= change:
             nominal = trace.shape(t)
             enough = capacity * ENOUGH_UTILIZATION >= nominal
@@ -570,6 +728,9 @@ def simulate(
     if change is not None:
         run.lag_ok_after = 0.0 if lag_high_until is None else lag_high_until - change
     run.final_parallelism = sim.current
+    run.records_arrived = sim.arrived
+    run.records_processed = sim.processed_total
+    run.final_lag = float(sim.lag_kg.sum())
     return run
 
 

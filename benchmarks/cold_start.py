@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -110,7 +111,7 @@ async def one_operator_round(workdir: Path, wake_at: float, check: str) -> dict[
     processes by the tests' pod runner), Prometheus scraping them, a Valkey server."""
     from keyshift.store import open_store
     from keyshift.store.server import LocalServer
-    from tests.e2e.harness import OperatorProcess
+    from tests.e2e.harness import OperatorProcess, pods_scraped
     from tests.e2e.kubelet import PodRunner
     from tests.k8s.emulator import KubernetesEmulator
     from tests.prometheus_server import PrometheusServer
@@ -118,28 +119,19 @@ async def one_operator_round(workdir: Path, wake_at: float, check: str) -> dict[
 
     for part in ("k8s", "kubelet", "prometheus", "valkey"):
         (workdir / part).mkdir()
-    k8s = KubernetesEmulator(workdir / "k8s").start()
-    pods = PodRunner(k8s.url, workdir / "kubelet").start()
-    prometheus = PrometheusServer(workdir / "prometheus").start()
-    server = LocalServer(workdir / "valkey").start()
-    operator: OperatorProcess | None = None
-    stop = asyncio.Event()
-
-    async def follow_pods() -> None:  # Prometheus scrapes the pods, as a ServiceMonitor would
-        last: list[str] = []
-        while not stop.is_set():
-            ports = [pods.http_port_of(p["metadata"]["name"])
-                     for p in k8s.list("pods", "default")]  # fmt: skip
-            targets = sorted(f"127.0.0.1:{port}" for port in ports if port)
-            if targets != last:
-                prometheus.set_targets(targets)
-                last = targets
-            await asyncio.sleep(0.3)
-
-    follower = asyncio.create_task(follow_pods())
-    try:
+    with contextlib.ExitStack() as stack:  # stopped in reverse order, whatever happens
+        k8s = KubernetesEmulator(workdir / "k8s").start()
+        stack.callback(k8s.stop)
+        pods = PodRunner(k8s.url, workdir / "kubelet").start()
+        stack.callback(pods.stop)
+        prometheus = PrometheusServer(workdir / "prometheus").start()
+        stack.callback(prometheus.stop)
+        server = LocalServer(workdir / "valkey").start()
+        stack.callback(server.stop)
+        stack.enter_context(pods_scraped(k8s, pods, prometheus))
         k8s.kubectl("apply", "--validate=false", "-f", str(REPO / "crds" / "streamjob.yaml"))
         operator = OperatorProcess(k8s.kubeconfig, workdir / "operator.log").start()
+        stack.callback(operator.stop)
         doc = manifest("cold", wake_at, check)
         doc["spec"]["stateStore"]["url"] = server.url
         doc["spec"]["autoscaler"]["prometheus"] = {"url": prometheus.url}
@@ -161,15 +153,6 @@ async def one_operator_round(workdir: Path, wake_at: float, check: str) -> dict[
         await store.close()
         await asyncio.to_thread(k8s.wait_for, lambda: woken(status()), 30, "the wake's record")
         return breakdown(status(), arrives, processed)
-    finally:
-        stop.set()
-        await follower
-        if operator is not None:
-            operator.stop()
-        pods.stop()
-        prometheus.stop()
-        server.stop()
-        k8s.stop()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -8,12 +8,12 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.e2e.harness import pods_scraped
 from tests.e2e.kubelet import PodRunner
 from tests.k8s import KubernetesEmulator, k8s  # noqa: F401
 from tests.prometheus_server import PrometheusServer
@@ -54,21 +54,5 @@ def pod_targets(
     prometheus: PrometheusServer,
 ) -> Iterator[None]:
     """Keep Prometheus' targets equal to the worker pods' local metrics ports."""
-    stop = threading.Event()
-
-    def follow() -> None:
-        last: list[str] = []
-        while not stop.wait(0.3):
-            ports = [pod_runner.http_port_of(p["metadata"]["name"])
-                     for p in k8s.list("pods", "default")]  # fmt: skip
-            targets = sorted(f"127.0.0.1:{port}" for port in ports if port)
-            if targets != last:
-                prometheus.set_targets(targets)
-                last = targets
-
-    thread = threading.Thread(target=follow, daemon=True)
-    thread.start()
-    yield
-    stop.set()
-    thread.join(5)
-    prometheus.set_targets([])
+    with pods_scraped(k8s, pod_runner, prometheus):
+        yield

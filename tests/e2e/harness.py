@@ -17,17 +17,24 @@ objects as JSON, killing a worker and restarting the operator. Two backends:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.support import REPO
+
+if TYPE_CHECKING:
+    from tests.e2e.kubelet import PodRunner
+    from tests.k8s.emulator import KubernetesEmulator
+    from tests.prometheus_server import PrometheusServer
 
 Obj = dict[str, Any]
 
@@ -161,3 +168,31 @@ class Cluster:
                     f"timed out after {timeout:.0f}s waiting for {what}\n{self.diagnostics()}"
                 )
             time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def pods_scraped(
+    k8s: KubernetesEmulator, pods: PodRunner, prometheus: PrometheusServer
+) -> Iterator[None]:
+    """Keep Prometheus' targets equal to the worker pods' local metrics ports, as a
+    ServiceMonitor would (the pod runner's pods listen on local ports)."""
+    stop = threading.Event()
+
+    def follow() -> None:
+        last: list[str] = []
+        while not stop.wait(0.3):
+            ports = [pods.http_port_of(p["metadata"]["name"])
+                     for p in k8s.list("pods", "default")]  # fmt: skip
+            targets = sorted(f"127.0.0.1:{port}" for port in ports if port)
+            if targets != last:
+                prometheus.set_targets(targets)
+                last = targets
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+        prometheus.set_targets([])

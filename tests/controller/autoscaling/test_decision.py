@@ -589,6 +589,12 @@ def test_input_waiting_wakes_the_job_sized_for_the_backlog() -> None:
     assert d.desired == 4
     d, _ = wake(IdleSample(T0, backlog=600_000, next_timer_at=None))
     assert (d.desired, "no capacity measured yet" in d.message) == (1, True)
+    # input back as a step of 2,100 rec/s: sized for it at targetUtilization 0.7, as a
+    # running job would be (3,000 rec/s of capacity), plus the backlog's catch-up
+    step = IdleSample(T0, backlog=2_100, next_timer_at=None, arrival_rate=2_100.0)
+    d, _ = wake(step, measured)
+    assert d.desired == 4  # ceil((2100 / 0.7 + 2100 / 120) / 1000)
+    assert d.inputs["arrival_rate"] == 2_100.0
 
 
 def test_a_due_timer_wakes_the_job_and_a_future_one_does_not() -> None:

@@ -82,8 +82,9 @@ such window), the job scales to 0 (``idle``): every key group is committed and
 released, and every worker stops. Otherwise ``minParallelism`` 0 bounds like 1.
 While the job is at 0 there is no worker to measure: :func:`decide_wake` looks at an
 :class:`~keyshift.controller.autoscaling.metrics.base.IdleSample` instead and wakes
-the job for input waiting (``input_waiting``: enough workers to work the backlog off
-within ``catchUpSeconds`` at the per-worker capacity last measured, at least one) or
+the job for input waiting (``input_waiting``: enough workers for the arrival rate since
+the previous check at ``targetUtilization`` plus the backlog worked off within
+``catchUpSeconds``, at the per-worker capacity last measured, at least one) or
 for a due timer (``timer_due``: ``minParallelism``'s floor of one worker).
 
 In ``recommend`` mode decisions are made the same way, but the history does
@@ -818,13 +819,19 @@ def _scale_to_zero(
 
 
 def wake_parallelism(
-    backlog: int, spec: AutoscalerSpec, key_groups: int, capacity: float | None
+    backlog: int,
+    arrival_rate: float | None,
+    spec: AutoscalerSpec,
+    key_groups: int,
+    capacity: float | None,
 ) -> int:
-    """The parallelism that works ``backlog`` records off within ``catchUpSeconds`` at
-    ``capacity`` records/s per worker (one worker if the capacity is unknown), aligned and
-    within the spec's bounds; at least one."""
+    """The parallelism a wake needs, as :func:`decide` sizes one: the arrival rate at
+    ``targetUtilization`` plus the backlog worked off within ``catchUpSeconds``, at
+    ``capacity`` records/s per worker (one worker if the capacity is unknown); aligned,
+    within the spec's bounds, at least one."""
     low, high = limits(spec, key_groups)
-    raw = 1 if not capacity else math.ceil(backlog / spec.catch_up_seconds / capacity - 1e-9)
+    required = (arrival_rate or 0.0) / spec.target_utilization + backlog / spec.catch_up_seconds
+    raw = 1 if not capacity else math.ceil(required / capacity - 1e-9)
     p = min(max(raw, low), high)
     aligned = align(p, key_groups)
     return aligned if aligned <= high else align_down(high, key_groups)
@@ -842,6 +849,7 @@ def decide_wake(
     timer, else stay at zero. Pure, like :func:`decide`."""
     inputs: dict[str, InputValue] = {
         "backlog": sample.backlog,
+        "arrival_rate": None if sample.arrival_rate is None else round(sample.arrival_rate, 3),
         "next_timer_at": sample.next_timer_at,
         "per_worker_capacity": None if history.capacity is None else round(history.capacity, 3),
         "catch_up_seconds": spec.catch_up_seconds,
@@ -852,10 +860,13 @@ def decide_wake(
                         message=message, inputs=inputs)  # fmt: skip
 
     if sample.backlog:
-        desired = wake_parallelism(sample.backlog, spec, key_groups, history.capacity)
+        desired = wake_parallelism(
+            sample.backlog, sample.arrival_rate, spec, key_groups, history.capacity
+        )
+        arriving = "" if sample.arrival_rate is None else f"{_rate(sample.arrival_rate)} arriving, "
         sizing = (
-            f"{_rate(history.capacity)} per worker last measured, {spec.catch_up_seconds:g} s "
-            "to catch up"
+            f"{arriving}{_rate(history.capacity)} per worker last measured, "
+            f"{spec.catch_up_seconds:g} s to catch up"
             if history.capacity
             else "no capacity measured yet"
         )
@@ -863,7 +874,7 @@ def decide_wake(
                         f"{_count(sample.backlog)} records wait in the input while scaled to "
                         f"zero: waking with {desired} workers ({sizing})")  # fmt: skip
     elif sample.next_timer_at is not None and sample.next_timer_at <= now:
-        desired = wake_parallelism(0, spec, key_groups, None)
+        desired = wake_parallelism(0, None, spec, key_groups, None)
         late = now - sample.next_timer_at
         decision = made("scale_up", "timer_due", desired,
                         f"a timer is due ({late:.1f} s ago) while scaled to zero: waking with "

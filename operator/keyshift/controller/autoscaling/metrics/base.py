@@ -191,6 +191,8 @@ class IdleSample:
     """Unix time the earliest timer of the job is due (None: no timer)."""
     missing: str = ""
     """Why the backlog is unknown."""
+    arrival_rate: float | None = None
+    """Records/s arriving since the previous sample (None: no previous sample)."""
 
 
 class MetricsProvider(Protocol):

@@ -67,6 +67,8 @@ class IdleProbe:
         self.credentials = credentials
         self._source: Source | None = None
         self._assigned: list[int] = []
+        self._last_end: tuple[float, int] | None = None
+        """The previous sample's time and total end offset (the arrival rate's start)."""
 
     async def sample(self, now: float) -> IdleSample:
         k = self.spec.key_groups
@@ -93,7 +95,11 @@ class IdleProbe:
             return IdleSample(now, None, due, problem)
         ends = [source.end_offset(kg, now) for kg in range(k)]
         exhausted = [source.exhausted(kg, p) for kg, p in enumerate(positions)]
-        return IdleSample(now, backlog_of(positions, ends, exhausted), due)
+        arrival = None
+        if self._last_end is not None and now > self._last_end[0]:
+            arrival = max(0.0, (sum(ends) - self._last_end[1]) / (now - self._last_end[0]))
+        self._last_end = (now, sum(ends))
+        return IdleSample(now, backlog_of(positions, ends, exhausted), due, arrival_rate=arrival)
 
     async def _source_at(self, positions: list[int]) -> Source | None:
         """The job's source with every key group assigned at ``positions`` (opened, or
@@ -120,5 +126,6 @@ class IdleProbe:
     async def close(self) -> None:
         """Close the source (the job woke: its workers read the input now)."""
         source, self._source, self._assigned = self._source, None, []
+        self._last_end = None
         if source is not None:
             await source.close()
