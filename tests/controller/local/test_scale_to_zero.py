@@ -38,7 +38,7 @@ pytestmark = pytest.mark.slow
 K = 4
 LIMIT = 300
 """Records per key group: the first burst gives 200 each, the second the rest."""
-WAKE_AT = 40.0
+WAKE_AT = 25.0
 """Job time (s) of the second burst: after the job has gone to zero."""
 SOURCE: dict[str, Any] = {
     "seed": 11,
