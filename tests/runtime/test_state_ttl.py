@@ -27,6 +27,7 @@ from keyshift.runtime.api import (
 )
 from keyshift.runtime.config import settings_from
 from keyshift.runtime.expected import counter_state_encoded
+from keyshift.runtime.testing import JobHarness
 from keyshift.runtime.worker import Worker
 from keyshift.store import Assignment, open_store
 from keyshift.store.server import LocalServer
@@ -56,13 +57,15 @@ class Clock:
         return self.ms
 
 
-def test_a_value_reads_as_absent_once_its_ttl_since_the_last_write_has_passed(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from keyshift.runtime.testing import JobHarness
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    """The processing time expiry reads (``api.now_ms``), moved by the test."""
+    c = Clock(1_000_000)
+    monkeypatch.setattr(api, "now_ms", c)
+    return c
 
-    clock = Clock(1_000_000)
-    monkeypatch.setattr(api, "now_ms", clock)
+
+def test_a_value_reads_as_absent_once_its_ttl_since_the_last_write_has_passed(clock: Clock) -> None:
     h = JobHarness(remembering)
     h.process(("a", "t1"))
     clock.ms += 9_999
@@ -86,11 +89,7 @@ def visit(record: tuple[str, str], ctx: Context) -> None:
     ctx.emit((sorted(m.items()), sorted(m.keys()), len(m), "home" in m))
 
 
-def test_map_entries_expire_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    from keyshift.runtime.testing import JobHarness
-
-    clock = Clock(1_000_000)
-    monkeypatch.setattr(api, "now_ms", clock)
+def test_map_entries_expire_one_by_one(clock: Clock) -> None:
     h = JobHarness(Job(name="visits", process=visit, key_by=lambda r: r[0], states=[visits]))
     h.process(("u", "home"))
     clock.ms += 6_000
@@ -116,13 +115,7 @@ def click(record: tuple[str, str], ctx: Context) -> None:
     ctx.emit((c.get(), len(c)))
 
 
-def test_list_elements_expire_one_by_one_and_the_list_starts_over(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from keyshift.runtime.testing import JobHarness
-
-    clock = Clock(1_000_000)
-    monkeypatch.setattr(api, "now_ms", clock)
+def test_list_elements_expire_one_by_one_and_the_list_starts_over(clock: Clock) -> None:
     h = JobHarness(Job(name="clicks", process=click, key_by=lambda r: r[0], states=[clicks]))
     h.process(("u", "a"))
     clock.ms += 6_000
