@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import msgspec
 
-if TYPE_CHECKING:
-    from keyshift.api.spec import StreamJobSpec
+from keyshift.api.spec import GeneratorSource, StreamJobSpec
 
 
 class Event(msgspec.Struct, frozen=True, gc=False):
@@ -125,10 +124,8 @@ async def open_source(
     the Kafka topic (waits for it, backing off while Kafka is unreachable; ``on_open`` sees
     the source before it waits, so that its ``problem()`` can be reported meanwhile;
     ``environ``: where its ``KEYSHIFT_KAFKA_*`` credentials are, default the process's)."""
-    from keyshift.api.spec import GeneratorSource
-
     if isinstance(spec.source, GeneratorSource):
-        from keyshift.runtime.sources.generator import Generator
+        from keyshift.runtime.sources.generator import Generator  # it imports this module
 
         return Generator(spec.source, spec.key_groups, created_at)
     from keyshift.runtime.kafka.source import KafkaRecordSource  # confluent-kafka only when used
