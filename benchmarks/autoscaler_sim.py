@@ -74,6 +74,7 @@ from keyshift.controller.autoscaling.decision import (
     Decision,
     ScalingHistory,
     align,
+    continues_sleep,
     decide,
     decide_wake,
     max_range,
@@ -297,12 +298,7 @@ class KeyshiftPolicy:
             decision, self.history = decide_wake(
                 sample, self.history, self.spec, key_groups=view.key_groups, now=view.now
             )
-            last = self.decisions[-1] if self.decisions else None
-            if (
-                decision.action == "none"
-                and last is not None
-                and (last.action, last.reason, last.current) == ("none", decision.reason, 0)
-            ):
+            if continues_sleep(self.decisions[-1] if self.decisions else None, decision):
                 self.decisions.pop()
         else:
             self._last_idle = None  # awake: the next sleep measures its arrivals afresh

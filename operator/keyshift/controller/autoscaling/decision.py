@@ -118,6 +118,7 @@ __all__ = [
     "ScalingHistory",
     "align",
     "align_down",
+    "continues_sleep",
     "decide",
     "decide_wake",
     "explain",
@@ -893,13 +894,19 @@ def decide_wake(
         history = msgspec.structs.replace(history, idle_since=None, recommendations=())
     previous = history.decisions[-1] if history.decisions else None
     history = remember(history, decision, spec)
-    if (
+    if continues_sleep(previous, decision):  # the last decisions stay readable
+        history = msgspec.structs.replace(history, decisions=(*history.decisions[:-2], decision))
+    return decision, history
+
+
+def continues_sleep(previous: Decision | None, decision: Decision) -> bool:
+    """Whether ``decision`` only repeats ``previous`` while the job stays at zero: one
+    decision is kept for the whole sleep (the newest), not one per wake check."""
+    return (
         decision.action == "none"
         and previous is not None
         and (previous.action, previous.reason, previous.current) == ("none", decision.reason, 0)
-    ):  # one decision for the whole sleep, not one per check: the last ones stay readable
-        history = msgspec.structs.replace(history, decisions=(*history.decisions[:-2], decision))
-    return decision, history
+    )
 
 
 def _no_scale_up(

@@ -152,7 +152,7 @@ class AutoscalerRunner:
         decision, self.history = decide_wake(
             sample, self.history, self.spec, key_groups=self.key_groups, now=now
         )
-        if decision.action != "none" or self.last is None or self.last.reason != decision.reason:
+        if worth_an_event(decision, self.last):  # not one line per check while asleep
             log.info("%s: %s -> %s (%s): %s", self.job, decision.current, decision.desired,
                      decision.reason, decision.message)  # fmt: skip
         self._record(decision)
