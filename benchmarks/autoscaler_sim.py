@@ -80,7 +80,7 @@ from keyshift.controller.autoscaling.decision import (
     max_range,
 )
 from keyshift.controller.autoscaling.metrics.base import IdleSample, LoadSample, WorkerLoad
-from keyshift.controller.core.assignment import plan_assignment
+from keyshift.controller.core.assignment import idle_owners, plan_assignment
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "autoscaler_sim.json"
@@ -322,10 +322,10 @@ class KeyshiftPolicy:
 
 
 def owners(key_groups: int, parallelism: int) -> npt.NDArray[np.int64]:
-    """Each key group's worker (``plan_assignment``); -1 for all at parallelism 0."""
-    if parallelism <= 0:
-        return np.full(key_groups, -1, dtype=np.int64)
-    return np.array(plan_assignment(key_groups, parallelism), dtype=np.int64)
+    """Each key group's worker (``plan_assignment``); nobody's (``idle_owners``) at
+    parallelism 0, as the operator assigns them."""
+    plan = plan_assignment(key_groups, parallelism) if parallelism > 0 else idle_owners(key_groups)
+    return np.array(plan, dtype=np.int64)
 
 
 @dataclass(frozen=True)
