@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from keyshift.runtime.api import ValueState, encode_key
 from keyshift.runtime.cache import CacheMiss, StateCache, entry_size
 
 
@@ -120,3 +124,33 @@ def test_model_never_loses_a_dirty_write_and_keeps_the_bound(
             assert cache.get(dkg, "s", dkey) == dvalue
         assert cache.clean_bytes <= max(0, bound - cache.dirty_bytes) or cache.clean_bytes == 0
         assert cache.dirty_bytes == sum(entry_size(k, v) for (_, k), v in dirty.items())
+
+
+def test_the_bytes_charged_are_what_the_entries_take() -> None:
+    """``cacheBytes`` bounds the worker's memory only if what the cache charges is what its
+    entries take: within a third, measured with tracemalloc, for a key with two decoded
+    numbers (the counter) and for a key with one stored value."""
+    count = ValueState("count", int, default=0)
+    total = ValueState("total", int, default=0)
+    n = 20_000
+    for states in ([count, total], [ValueState("raw", list[int])]):
+        cache = StateCache(1 << 34)
+        for spec in states:
+            decoded = spec.kept_decoded
+            cache.register(
+                spec.name,
+                encode=msgspec.msgpack.encode if decoded else None,
+                decode=spec.decode_value if decoded else None,
+            )
+        values = [msgspec.msgpack.encode(i * 1000 if spec.kept_decoded else [i]) for i in range(n)]
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for spec in states:
+                keys = [encode_key(f"key-{i}") for i in range(n)]  # held by the cache alone
+                cache.fill(0, spec.name, keys, dict(zip(keys, values, strict=True)))
+                del keys
+            taken = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert 0.75 <= taken / cache.total_bytes <= 1.33, (states, taken / n, cache.total_bytes / n)

@@ -1,11 +1,13 @@
-"""The per-record context: writes reach the cache once per batch, decoded values are
-shared only where nothing can change them in place."""
+"""The per-record context: writes go into the cache's entries and are undone if the
+record fails; values of immutable types are kept decoded and encoded at commit; others
+are decoded on every read, so nothing changes them in place."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import msgspec
+import pytest
 
 from keyshift.runtime.api import ValueState, encode_key
 from keyshift.runtime.cache import StateCache
@@ -20,51 +22,65 @@ KB = encode_key(KEY)
 
 def context(*states: ValueState[Any]) -> tuple[RecordContext, StateCache]:
     cache = StateCache(1 << 20)
+    ctx = RecordContext(0, cache, list(states))
     for spec in states:
         cache.fill(0, spec.name, [KB], {})
-    return RecordContext(0, cache, [s.name for s in states]), cache
+    return ctx, cache
 
 
 def record(ctx: RecordContext, offset: int) -> None:
     ctx.begin(KEY, KB, offset)
 
 
-def test_writes_reach_the_cache_at_the_end_of_the_batch_and_reads_see_them_before() -> None:
+def test_writes_are_read_by_the_next_records_and_encoded_once_at_commit() -> None:
     ctx, cache = context(COUNT)
-    ctx.new_batch()
     for offset in range(3):
         record(ctx, offset)
         count = ctx.state(COUNT)
         count.update(count.value() + 1)
-        ctx.apply()
-    assert cache.get(0, "count", KB) is None  # not yet: one put per key and batch
     record(ctx, 3)
     assert ctx.state(COUNT).value() == 3
+    assert cache.dirty_bytes == 0  # accounted at the end of the batch
     ctx.flush()
-    assert cache.get(0, "count", KB) == msgspec.msgpack.encode(3)
+    assert cache.is_dirty(0, "count", KB) and cache.dirty_bytes > 0
+    assert cache.get(0, "count", KB) == 3  # kept decoded
     assert cache.dirty_changes(0) == ({"count": {KB: msgspec.msgpack.encode(3)}}, {})
+    cache.committed(0)
+    assert cache.dirty_changes(0) == ({}, {}) and cache.dirty_bytes == 0
 
 
-def test_a_failed_records_writes_are_forgotten() -> None:
+def test_a_failed_records_writes_are_undone() -> None:
     ctx, cache = context(COUNT)
-    ctx.new_batch()
     record(ctx, 0)
     ctx.state(COUNT).update(5)
-    ctx.apply()
+    ctx.flush()
+    cache.committed(0)  # 5 is durable: the entry is clean
     record(ctx, 1)
-    ctx.state(COUNT).update(99)  # the record then fails: not applied
+    ctx.state(COUNT).update(99)  # the record then fails
+    ctx.rollback()
+    ctx.flush()
+    assert not cache.is_dirty(0, "count", KB) and cache.dirty_bytes == 0
     record(ctx, 2)
     assert ctx.state(COUNT).value() == 5
+    assert cache.dirty_changes(0) == ({}, {})
+
+
+def test_a_failed_record_keeps_the_batchs_earlier_writes() -> None:
+    ctx, cache = context(COUNT)
+    record(ctx, 0)
+    ctx.state(COUNT).update(5)
+    record(ctx, 1)
+    ctx.state(COUNT).update(6)
+    ctx.state(COUNT).update(7)
+    ctx.rollback()
     ctx.flush()
-    assert cache.get(0, "count", KB) == msgspec.msgpack.encode(5)
+    assert cache.dirty_changes(0) == ({"count": {KB: msgspec.msgpack.encode(5)}}, {})
 
 
 def test_a_mutable_value_changed_in_place_without_update_changes_nothing() -> None:
     ctx, cache = context(ITEMS)
-    ctx.new_batch()
     record(ctx, 0)
     ctx.state(ITEMS).update([1])
-    ctx.apply()
     record(ctx, 1)
     items = ctx.state(ITEMS).value()
     assert items == [1]
@@ -79,24 +95,42 @@ def test_a_value_of_another_type_reads_back_as_decoding_gives_it() -> None:
     """An int written to a float state reads 2.0 in the same batch, as after a reload:
     a replay from the store sees the same value, so outputs do not depend on batches."""
     ctx, _ = context(RATIO)
-    ctx.new_batch()
     record(ctx, 0)
     ctx.state(RATIO).update(2)
-    ctx.apply()
     record(ctx, 1)
     value = ctx.state(RATIO).value()
     assert value == 2.0 and type(value) is float
 
 
+def test_a_value_the_state_cannot_hold_fails_the_update_and_writes_nothing() -> None:
+    ctx, cache = context(COUNT)
+    record(ctx, 0)
+    with pytest.raises(msgspec.ValidationError):
+        ctx.state(COUNT).update("seven")
+    ctx.flush()
+    assert cache.dirty_changes(0) == ({}, {})
+
+
 def test_a_cleared_value_reads_as_the_default_and_is_deleted() -> None:
     ctx, cache = context(COUNT)
     cache.fill(0, "count", [KB], {KB: msgspec.msgpack.encode(7)})
-    ctx.new_batch()
     record(ctx, 0)
     assert ctx.state(COUNT).value() == 7
     ctx.state(COUNT).clear()
-    ctx.apply()
     record(ctx, 1)
     assert ctx.state(COUNT).value() == 0
     ctx.flush()
     assert cache.dirty_changes(0) == ({}, {"count": [KB]})
+
+
+def test_a_stored_value_the_state_cannot_decode_is_corrupt_state_when_read() -> None:
+    from keyshift.runtime.api import CorruptState
+
+    ctx, cache = context(COUNT)
+    cache.fill(0, "count", [KB], {KB: msgspec.msgpack.encode("not a number")})
+    record(ctx, 0)
+    with pytest.raises(CorruptState) as raised:
+        ctx.state(COUNT).value()
+    assert raised.value.state == "count" and raised.value.raw == msgspec.msgpack.encode(
+        "not a number"
+    )

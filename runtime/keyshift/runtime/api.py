@@ -73,13 +73,21 @@ class StateTooLarge(KeyshiftError):
     user-function error (``errorPolicy`` applies)."""
 
 
-def _decode(state: str, decoder: msgspec.msgpack.Decoder[Any], raw: bytes) -> Any:
+def decode_stored(decoder: msgspec.msgpack.Decoder[Any], raw: bytes) -> Any:
+    """A stored value decoded; raises ``msgspec.DecodeError`` if ``decoder`` cannot."""
     try:
         return decoder.decode(raw)
-    except msgspec.DecodeError as exc:  # ValidationError too: a value of another type
+    except msgspec.DecodeError:  # ValidationError too: a value of another type
         expires, inner = split_expiry(raw)
         if expires is not None:  # written with a ttl the state no longer has: it lives on
-            return _decode(state, decoder, inner)
+            return decode_stored(decoder, inner)
+        raise
+
+
+def _decode(state: str, decoder: msgspec.msgpack.Decoder[Any], raw: bytes) -> Any:
+    try:
+        return decode_stored(decoder, raw)
+    except msgspec.DecodeError as exc:
         raise CorruptState(state, raw, exc) from None
 
 
@@ -146,31 +154,34 @@ def split_expiry(raw: bytes) -> tuple[int | None, bytes]:
     return int.from_bytes(data[:8], "big"), data[8:]
 
 
-IMMUTABLE_TYPES: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None)})
-"""Values of these types cannot change in place: the runtime may hand one decoded value
-to several reads (of one batch) instead of decoding each time."""
+IMMUTABLE_TYPES: frozenset[type] = frozenset({int, float, str, bytes, bool})
+"""Values of these types cannot change in place: the runtime keeps a ``ValueState`` of one
+of them decoded in its cache (one value handed to every read, encoded at commit) instead
+of decoding on every read."""
 
 
 class StateAccess(Protocol):
     """What a state handle needs from the runtime: reads and writes of the current key.
 
-    A :class:`ValueState` is one stored value per key (``read``/``write``).  The
-    collections (:class:`MapState`, :class:`ListState`) are stored per *entry*: the entry
-    of the current key with entry key ``entry`` (msgpack bytes) is stored on its own, so
-    that reading or writing one costs the same whatever the collection's size.
+    A :class:`ValueState` is one value per key (``read_value``/``write_value``; ``read``
+    and ``write`` are the same as stored bytes).  The collections (:class:`MapState`,
+    :class:`ListState`) are stored per *entry*: the entry of the current key with entry
+    key ``entry`` (msgpack bytes) is stored on its own, so that reading or writing one
+    costs the same whatever the collection's size.
     """
 
     def read(self, state: str) -> bytes | None: ...
     def write(self, state: str, value: bytes | None) -> None: ...
-    def read_value(self, state: str, decode: Callable[[bytes], Any], default: Any) -> Any:
-        """The decoded value (``default`` when absent); ``decode`` turns stored bytes
-        into it."""
+    def read_value(self, spec: ValueState[Any]) -> Any:
+        """The current key's value of ``spec`` (its default when absent)."""
         ...
 
-    def write_value(self, state: str, raw: bytes | None, value: Any, shareable: bool) -> None:
-        """Write ``raw`` (``None``: delete), the encoding of ``value``; ``shareable``: later
-        reads may return ``value`` itself instead of decoding ``raw`` (it is immutable and
-        of the type decoding gives)."""
+    def write_value(self, spec: ValueState[Any], value: Any) -> None:
+        """Set the current key's value of ``spec``."""
+        ...
+
+    def clear_value(self, spec: ValueState[Any]) -> None:
+        """Delete the current key's value of ``spec``."""
         ...
 
     def read_entries(self, state: str, entries: Sequence[bytes]) -> list[bytes | None]:
@@ -193,8 +204,8 @@ ENTRY_SEPARATOR = "\x00"
 
 class BytesAccess:
     """A :class:`StateAccess` over stored bytes alone (``read``/``write``), decoding on
-    every read: for tools and tests that hold state in a dict; the runtime shares
-    decoded values within a batch instead."""
+    every read: for tools and tests that hold state in a dict; the runtime keeps decoded
+    values in its cache instead."""
 
     def read(self, state: str) -> bytes | None:
         raise NotImplementedError
@@ -202,12 +213,15 @@ class BytesAccess:
     def write(self, state: str, value: bytes | None) -> None:
         raise NotImplementedError
 
-    def read_value(self, state: str, decode: Callable[[bytes], Any], default: Any) -> Any:
-        raw = self.read(state)
-        return default if raw is None else decode(raw)
+    def read_value(self, spec: ValueState[Any]) -> Any:
+        raw = self.read(spec.name)
+        return spec.default if raw is None else spec._decode(raw)
 
-    def write_value(self, state: str, raw: bytes | None, value: Any, shareable: bool) -> None:
-        self.write(state, raw)
+    def write_value(self, spec: ValueState[Any], value: Any) -> None:
+        self.write(spec.name, spec.encode(value))
+
+    def clear_value(self, spec: ValueState[Any]) -> None:
+        self.write(spec.name, None)
 
     def names(self) -> Iterable[str]:
         """The names of the current key's values (written or stored)."""
@@ -254,16 +268,38 @@ class ValueState(Generic[V]):
     ttl_ms: int | None = field(init=False, repr=False)
     """``ttl`` in milliseconds (None: values never expire)."""
 
+    kept_decoded: bool = field(init=False, repr=False)
+    """Whether the runtime keeps its values decoded (:data:`IMMUTABLE_TYPES`, no ttl)."""
+
     def __post_init__(self) -> None:
         check_state_name(self.name)
         object.__setattr__(self, "_decoder", msgspec.msgpack.Decoder(self.type))
         object.__setattr__(self, "ttl_ms", ttl_in_ms(self.name, self.ttl))
+        kept = self.ttl_ms is None and self.type in IMMUTABLE_TYPES
+        object.__setattr__(self, "kept_decoded", kept)
 
     def _decode(self, raw: bytes) -> V:
         value = live(raw, self.ttl_ms)
         if value is None:
             return self.default  # type: ignore[return-value]
         result: V = _decode(self.name, self._decoder, value)
+        return result
+
+    def decode_value(self, raw: bytes) -> Any:
+        """A stored value (of a state without a ttl) decoded; raises
+        ``msgspec.DecodeError`` where :meth:`_decode` raises :class:`CorruptState`."""
+        return decode_stored(self._decoder, raw)
+
+    def encode(self, value: V) -> bytes:
+        """``value`` as stored: msgpack, expiring ``ttl`` from now if the state has one."""
+        return encode_stored(value, self.ttl_ms)
+
+    def coerce(self, value: Any) -> V:
+        """``value`` as reading it back from the store gives it (an int written to a float
+        state is a float); raises ``msgspec.ValidationError`` for a value of another type."""
+        if type(value) is self.type:
+            return value
+        result: V = self._decoder.decode(_encoder.encode(value))
         return result
 
     def bind(self, access: StateAccess) -> ValueHandle[V]:
@@ -363,18 +399,14 @@ class ValueHandle(Generic[V]):
         self._access = access
 
     def value(self) -> V:
-        spec = self._spec
-        result: V = self._access.read_value(spec.name, spec._decode, spec.default)
+        result: V = self._access.read_value(self._spec)
         return result
 
     def update(self, value: V) -> None:
-        spec = self._spec
-        shareable = type(value) is spec.type and spec.type in IMMUTABLE_TYPES
-        self._access.write_value(spec.name, encode_stored(value, spec.ttl_ms), value, shareable)
+        self._access.write_value(self._spec, value)
 
     def clear(self) -> None:
-        default = self._spec.default
-        self._access.write_value(self._spec.name, None, default, type(default) in IMMUTABLE_TYPES)
+        self._access.clear_value(self._spec)
 
 
 class MapHandle(Generic[MK, V]):
@@ -459,8 +491,8 @@ class ListHandle(Generic[V]):
     def _slots(self) -> int:
         """Elements appended since the list was last empty (expired ones included)."""
         spec = self._spec
-        length: int = self._access.read_value(spec.name, spec._length, 0)
-        return length
+        raw = self._access.read(spec.name)
+        return 0 if raw is None else spec._length(raw)
 
     def __len__(self) -> int:
         if self._spec.ttl_ms is None:
@@ -498,13 +530,13 @@ class ListHandle(Generic[V]):
             access.write_entry(name, _encoder.encode(count), encode_stored(value, spec.ttl_ms))
             count += 1
         if count != start:  # with a ttl, the length expires with this, the last append
-            access.write_value(name, encode_stored(count, spec.ttl_ms), count, True)
+            access.write(name, encode_stored(count, spec.ttl_ms))
 
     def clear(self) -> None:
         name = self._spec.name
         for i in range(self._slots()):
             self._access.write_entry(name, _encoder.encode(i), None)
-        self._access.write_value(name, None, 0, True)
+        self._access.write(name, None)
 
 
 class Context(Protocol):

@@ -16,14 +16,15 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import msgspec
 
 from keyshift.errors import KeyshiftError
 from keyshift.runtime.aio import wait_event
 from keyshift.runtime.api import (
-    IMMUTABLE_TYPES,
     CorruptState,
     Job,
     ListState,
@@ -35,7 +36,7 @@ from keyshift.runtime.api import (
     now_ms,
     split_expiry,
 )
-from keyshift.runtime.cache import MISSING, CacheMiss, StateCache, entry_size
+from keyshift.runtime.cache import LISTING, MISSING, Entry, StateCache, Undecodable, entry_size
 from keyshift.runtime.faults import crash_point
 from keyshift.runtime.metrics import WorkerMetrics
 from keyshift.runtime.sinks import Outputs, SinkUnavailable, TimerOrigin
@@ -56,6 +57,9 @@ from keyshift.runtime.turns import Turns
 from keyshift.store.protocol import Claim, Fenced, StoreError, StoreUnavailable
 
 log = logging.getLogger("keyshift.runtime")
+
+_value_encoder = msgspec.msgpack.Encoder()
+"""Encodes the values the cache keeps decoded, when their key group commits."""
 
 BATCH_SECONDS = 0.02
 """Longest stretch one key group processes before yielding the event loop: with slow
@@ -137,31 +141,40 @@ class _NotLoaded(BaseException):
 class RecordContext:
     """The ``ctx`` of a process function; reused for every record of a key group.
 
-    A record's state writes are pending until it succeeds (:meth:`apply`); then they
-    join the batch's writes, which reach the cache once per key and state at the end
-    of the batch (:meth:`flush`), not once per record. Decoded values of immutable
-    types (numbers, strings, ...) are remembered for the batch, so a key's value is
-    decoded once per batch rather than once per record; mutable ones are decoded anew
-    on every read, so that a value changed in place but not updated changes nothing.
+    A record's writes go straight into the cache's entries (:class:`Entry`), so a read
+    is one list index; what a record changes is saved first (its entry's values as they
+    were), and undone if the record does not succeed (:meth:`rollback`), so that a
+    failed record changes nothing. The entries a batch wrote are accounted in the cache
+    once, at the end of the batch (:meth:`flush`). A ``ValueState`` of an immutable type
+    is kept decoded in the cache; any other value is stored encoded at ``update`` and
+    decoded on every read, so that a value changed in place but not updated changes
+    nothing.
     """
 
     __slots__ = (
-        "_batch",
+        "_bits",
         "_cache",
         "_declared",
-        "_decoded",
+        "_entry",
+        "_entry_writes",
         "_handles",
+        "_kept",
         "_key",
         "_key_bytes",
         "_kg",
+        "_mark",
+        "_more_saved",
         "_offset",
         "_outputs",
-        "_pending",
-        "_pending_entries",
-        "_pending_values",
+        "_saved_dirty",
+        "_saved_entry",
+        "_saved_values",
+        "_sids",
         "_timers",
         "_timestamp",
+        "_touched",
         "_watermark",
+        "stamp",
         "too_large",
         "wanted_entries",
         "wanted_listings",
@@ -171,25 +184,48 @@ class RecordContext:
         self,
         key_group: int,
         cache: StateCache,
-        declared: Sequence[str],
+        states: Sequence[ValueState[Any] | MapState[Any, Any] | ListState[Any]],
         watermark: Watermark | None = None,
     ) -> None:
         self._kg = key_group
         self._cache = cache
-        self._declared = frozenset(declared)
+        self._declared = frozenset(s.name for s in states)
+        self._sids: dict[str, int] = {}
+        for spec in states:
+            if isinstance(spec, ValueState) and spec.kept_decoded:
+                sid = cache.register(
+                    spec.name, encode=_value_encoder.encode, decode=spec.decode_value
+                )
+            else:
+                sid = cache.register(spec.name)
+            self._sids[spec.name] = sid
+            if isinstance(spec, MapState):
+                cache.register(LISTING + spec.name)
+        count = max(self._sids.values(), default=-1) + 1
+        self._kept = [cache.decoded(name) for name in cache.state_names[:count]]
+        self._bits = [1 << sid for sid in range(count)]
         self._handles: dict[Any, Any] = {}
         self._key: Any = None
         self._key_bytes = b""
         self._offset = 0
-        self._pending: dict[str, bytes | None] = {}
-        self._pending_entries: dict[tuple[str, bytes], bytes | None] = {}
-        """The record's writes of entries of the current key: (state, entry) -> value."""
-        self._pending_values: dict[str, Any] = {}
-        """Decoded immutable values among ``_pending`` (``update`` of a ValueState)."""
-        self._batch: dict[bytes, dict[str, bytes | None]] = {}
-        """The batch's applied writes, not yet in the cache: key -> state -> value."""
-        self._decoded: dict[bytes, dict[str, Any]] = {}
-        """Decoded immutable values of the batch's keys: key -> state -> value."""
+        self._entry: Entry | None = None
+        """The current key's entry (None: not looked up yet)."""
+        self._saved_entry: Entry | None = None
+        """The entry the current record wrote first, and its values and dirty bits as
+        they were before (what :meth:`rollback` puts back)."""
+        self._saved_values: list[object] = []
+        self._saved_dirty = 0
+        self._more_saved: list[tuple[Entry, list[object], int]] = []
+        """The same for the other entries the record wrote (map entries)."""
+        self._entry_writes: list[tuple[str, bytes, bool]] = []
+        """The record's writes of entries of the current key: (state, entry, present),
+        for the listings (:meth:`apply`)."""
+        self._touched: list[Entry] = []
+        """The entries the batch wrote, once each, for :meth:`flush`."""
+        self._mark = cache.new_stamp()
+        self.stamp = 0
+        """The stamp of the batch's load: its entries are spared by evictions until the
+        next load."""
         self._outputs: list[Any] = []
         self._timers = TimerService()
         self._timestamp: int | None = None
@@ -203,19 +239,26 @@ class RecordContext:
         """Maps too large to iterate in the cache: (state, key) -> why."""
 
     def begin(
-        self, key: Hashable, key_bytes: bytes, offset: int, timestamp: int | None = None
+        self,
+        key: Hashable,
+        key_bytes: bytes,
+        offset: int,
+        timestamp: int | None = None,
+        entry: Entry | None = None,
     ) -> None:
+        """The next record (or timer) of key ``key``; ``entry``: its entry if known."""
         self._key = key
         self._key_bytes = key_bytes
         self._offset = offset
         self._timestamp = timestamp
+        self._entry = entry
+        self._saved_entry = None
+        if self._more_saved:
+            self._more_saved = []
+        if self._entry_writes:
+            self._entry_writes = []
         if self._timers.ops:
             self._timers.ops = []
-        if self._pending:
-            self._pending = {}
-            self._pending_values = {}
-        if self._pending_entries:
-            self._pending_entries = {}
         if self._outputs:
             self._outputs = []
 
@@ -256,77 +299,117 @@ class RecordContext:
         return self._timers
 
     # -- StateAccess -------------------------------------------------------------
-    def read(self, state: str) -> bytes | None:
-        pending = self._pending
-        if state in pending:
-            return pending[state]
-        written = self._batch.get(self._key_bytes)
-        if written is not None and state in written:
-            return written[state]
-        try:
-            return self._cache.get(self._kg, state, self._key_bytes)
-        except CacheMiss:
-            raise _NotLoaded from None
-
-    def write(self, state: str, value: bytes | None) -> None:
-        self._pending[state] = value
-
-    def read_value(self, state: str, decode: Callable[[bytes], Any], default: Any) -> Any:
-        if state in self._pending:  # written by this record (rare): as stored
-            raw = self._pending[state]
-            return default if raw is None else decode(raw)
-        kb = self._key_bytes
-        decoded = self._decoded.get(kb)
-        if decoded is not None and state in decoded:
-            return decoded[state]
-        raw = self.read(state)
-        value = default if raw is None else decode(raw)
-        if type(value) in IMMUTABLE_TYPES:
-            if decoded is None:
-                self._decoded[kb] = {state: value}
-            else:
-                decoded[state] = value
+    def _stored(self, sid: int) -> object:
+        """The current key's cached value of state ``sid``; raise :class:`_NotLoaded`."""
+        entry = self._entry
+        if entry is None:
+            entry = self._cache.entry(self._kg, self._key_bytes)
+            if entry is None:
+                raise _NotLoaded
+            self._entry = entry
+        values = entry.values
+        if sid >= len(values):
+            raise _NotLoaded
+        value = values[sid]
+        if value is MISSING:
+            raise _NotLoaded
         return value
 
-    def write_value(self, state: str, raw: bytes | None, value: Any, shareable: bool) -> None:
-        self._pending[state] = raw
-        if shareable:
-            self._pending_values[state] = value
-        elif self._pending_values:
-            self._pending_values.pop(state, None)
+    def _writable(self, key: bytes, current: bool) -> Entry:
+        """The entry of slot key ``key`` (``current``: the current key's), saved for
+        :meth:`rollback` before the record's first write of it."""
+        entry = self._entry if current else None
+        if entry is None or entry.gone:
+            entry = self._cache.entry_for_write(self._kg, key)
+            if current:
+                self._entry = entry
+        if entry is not self._saved_entry:
+            self._save(entry)
+        return entry
+
+    def _save(self, entry: Entry) -> None:
+        if self._saved_entry is None:
+            self._saved_entry = entry
+            self._saved_values = list(entry.values)
+            self._saved_dirty = entry.dirty
+        elif all(saved is not entry for saved, _, _ in self._more_saved):
+            self._more_saved.append((entry, list(entry.values), entry.dirty))
+        if entry.mark != self._mark:
+            entry.mark = self._mark
+            self._touched.append(entry)
+
+    def _set(self, entry: Entry, sid: int, value: object) -> None:
+        values = entry.values
+        if sid >= len(values):
+            values.extend([MISSING] * (sid + 1 - len(values)))
+        values[sid] = value
+        entry.dirty |= 1 << sid
+
+    def read(self, state: str) -> bytes | None:
+        value = self._stored(self._sids[state])
+        return value  # type: ignore[return-value]  # a state read as bytes is stored so
+
+    def write(self, state: str, value: bytes | None) -> None:
+        self._set(self._writable(self._key_bytes, True), self._sids[state], value)
+
+    def read_value(self, spec: ValueState[Any]) -> Any:
+        sid = self._sids[spec.name]
+        value = self._stored(sid)
+        if value is None:
+            return spec.default
+        if self._kept[sid]:
+            if isinstance(value, Undecodable):
+                raise CorruptState(spec.name, value.raw, value.error)
+            return value
+        return spec._decode(value)  # type: ignore[arg-type]
+
+    def write_value(self, spec: ValueState[Any], value: Any) -> None:
+        sid = self._sids[spec.name]
+        stored: object = spec.coerce(value) if self._kept[sid] else spec.encode(value)
+        entry = self._entry
+        if entry is None or entry.gone or entry is not self._saved_entry:
+            entry = self._writable(self._key_bytes, True)
+        values = entry.values
+        if sid < len(values):
+            values[sid] = stored
+            entry.dirty |= self._bits[sid]
+        else:
+            self._set(entry, sid, stored)
+
+    def clear_value(self, spec: ValueState[Any]) -> None:
+        self._set(self._writable(self._key_bytes, True), self._sids[spec.name], None)
 
     def read_entries(self, state: str, entries: Sequence[bytes]) -> list[bytes | None]:
         kb = self._key_bytes
-        pending = self._pending_entries
-        batch = self._batch
-        find = self._cache.find
+        cache = self._cache
+        sid = self._sids[state]
         kg = self._kg
+        stamp = self.stamp
         out: list[bytes | None] = []
         missing: list[bytes] | None = None
         for entry in entries:
-            if pending and (state, entry) in pending:
-                out.append(pending[(state, entry)])
-                continue
             slot_key = kb + entry
-            written = batch.get(slot_key)
-            if written is not None and state in written:
-                out.append(written[state])
-                continue
-            found = find(kg, state, slot_key)
-            if found is MISSING:
+            found = cache.entry(kg, slot_key)
+            value: object = MISSING
+            if found is not None:
+                found.stamp = stamp  # needed by this batch: spared by its next load too
+                if sid < len(found.values):
+                    value = found.values[sid]
+            if value is MISSING:
                 if missing is None:
                     missing = []
                 missing.append(slot_key)
             else:
-                out.append(found)
+                out.append(value)  # type: ignore[arg-type]
         if missing:
             self.wanted_entries.setdefault(state, []).extend(missing)
             raise _NotLoaded
-        self._cache.hits += len(out)  # a miss is counted where it is loaded
+        cache.hits += len(out)  # a miss is counted where it is loaded
         return out
 
     def write_entry(self, state: str, entry: bytes, value: bytes | None) -> None:
-        self._pending_entries[(state, entry)] = value
+        self._set(self._writable(self._key_bytes + entry, False), self._sids[state], value)
+        self._entry_writes.append((state, entry, value is not None))
 
     def entry_keys(self, state: str) -> list[bytes]:
         kb = self._key_bytes
@@ -338,78 +421,55 @@ class RecordContext:
             self.wanted_listings.add((state, kb))
             raise _NotLoaded
         keys = listing.sorted()
-        written = [(e, v) for (s, e), v in self._pending_entries.items() if s == state]
+        written = [(e, present) for s, e, present in self._entry_writes if s == state]
         if written:  # this record's own writes (the batch's are in the listing)
             changed = set(keys)
-            for entry, value in written:
-                if value is None:
-                    changed.discard(entry)
-                else:
+            for entry, present in written:
+                if present:
                     changed.add(entry)
+                else:
+                    changed.discard(entry)
             keys = sorted(changed)
         return keys
 
     # -- the runner's side ----------------------------------------------------------
     def apply(self) -> None:
-        """The current record (or timer) succeeded: its writes join the batch's (the
-        pending dicts are the record's own: :meth:`begin` starts new ones)."""
-        kb = self._key_bytes
-        if self._pending_entries:
-            self._apply_entries()
-        pending = self._pending
-        if not pending:
-            return
-        written = self._batch.get(kb)
-        if written is None:
-            self._batch[kb] = pending
-        else:
-            written.update(pending)
-        values = self._pending_values
-        decoded = self._decoded.get(kb)
-        if decoded is None:
-            if values:
-                self._decoded[kb] = values
-        else:
-            if len(values) != len(pending):  # a write of a value that is not shared
-                for state in pending:
-                    if state not in values:
-                        decoded.pop(state, None)
-            decoded.update(values)
-
-    def _apply_entries(self) -> None:
-        kb = self._key_bytes
-        batch = self._batch
+        """The current record (or timer) succeeded and wrote entries of collections: keep
+        the cached listings of its key true."""
         listing_write = self._cache.listing_write
         kg = self._kg
-        for (state, entry), value in self._pending_entries.items():
-            slot_key = kb + entry
-            written = batch.get(slot_key)
-            if written is None:
-                batch[slot_key] = {state: value}
-            else:
-                written[state] = value
-            listing_write(kg, state, kb, entry, value is not None)
+        kb = self._key_bytes
+        for state, entry, present in self._entry_writes:
+            listing_write(kg, state, kb, entry, present)
+        self._entry_writes = []
+
+    def rollback(self) -> None:
+        """The current record did not succeed: put back what it wrote."""
+        for entry, values, dirty in reversed(self._more_saved):
+            entry.values[:] = values
+            entry.dirty = dirty
+        self._more_saved = []
+        saved = self._saved_entry
+        if saved is not None:
+            saved.values[:] = self._saved_values
+            saved.dirty = self._saved_dirty
+            self._saved_entry = None
+        self._entry_writes = []
 
     def flush(self) -> None:
-        """Put the batch's writes into the cache (dirty until the next commit)."""
-        batch = self._batch
-        if batch:
-            put_key = self._cache.put_key
-            kg = self._kg
-            for kb, values in batch.items():
-                put_key(kg, kb, values)
-            self._batch = {}
-
-    def new_batch(self) -> None:
-        """Forget the decoded values: a new batch reads from the cache again."""
-        self.flush()
-        if self._decoded:
-            self._decoded = {}
+        """Account the batch's writes in the cache (dirty until the next commit)."""
+        if self._touched:
+            self._cache.written(self._kg, self._touched, protect=self.stamp)
+            self._touched = []
+        self._mark = self._cache.new_stamp()
+        self._saved_entry = None  # a record after this one saves anew
 
     def discard(self) -> None:
-        """Forget the batch's writes, decoded values and wants (the cache was dropped)."""
-        self._batch = {}
-        self._decoded = {}
+        """Forget the batch's writes and wants (the cache was dropped)."""
+        self._touched = []
+        self._saved_entry = None
+        self._more_saved = []
+        self._entry_writes = []
         self.wanted_entries = {}
         self.wanted_listings = set()
         self.too_large = {}
@@ -528,7 +588,11 @@ class KeyGroupRunner:
         self._timers_loaded = not self.timed
         self.timers_fired = 0
         self._fired_at_commit = 0
-        self._ctx = RecordContext(self.key_group, deps.cache, deps.job.state_names, self.watermark)
+        self._ctx = RecordContext(self.key_group, deps.cache, deps.job.states, self.watermark)
+        self._load_again = False
+        """The last batch (or timer) stopped at its first record for state not loaded: the
+        next load keeps the stamp of the last, so that what both load stays in the cache
+        together (a batch whose state is larger than the cache still progresses)."""
         self._entry_states = deps.job.entry_states
         self._keyed_states = [s.name for s in deps.job.states if not isinstance(s, MapState)]
         """The states with a value per key (a map has entries only; a list, its length)."""
@@ -764,44 +828,50 @@ class KeyGroupRunner:
         kg = self.key_group
         ctx = self._ctx
         unique = list(dict.fromkeys(key_bytes))  # a hot key once per batch
-        wanted: dict[str, list[bytes]] = dict.fromkeys(self._keyed_states, unique)
-        for state, slot_keys in ctx.wanted_entries.items():
-            wanted[state] = [*wanted.get(state, ()), *slot_keys]
+        keyed = self._keyed_states
+        entries: dict[str, list[bytes]] = ctx.wanted_entries
         listings = sorted(ctx.wanted_listings)
         ctx.wanted_entries, ctx.wanted_listings = {}, set()
+        if self._load_again:  # nothing done since the last load: spare what it loaded too
+            self._load_again = False
+        else:
+            ctx.stamp = cache.new_stamp()
+        stamp = ctx.stamp
         waited = 0.0
         for round_ in range(LOAD_ROUNDS):
-            fetches = []
-            for state, slot_keys in wanted.items():
-                repeats = len(key_bytes) if slot_keys is unique else 0
-                missing = cache.missing(kg, state, slot_keys, repeats=repeats, count=not round_)
-                if missing:
-                    fetches.append((state, missing))
+            wanted: dict[str, list[bytes]] = {}
+            if keyed and unique:
+                missing = cache.missing_states(
+                    kg, keyed, unique, repeats=len(key_bytes), count=not round_, stamp=stamp
+                )
+                wanted = {state: keys for state, keys in zip(keyed, missing, strict=True) if keys}
+            for state, slot_keys in entries.items():
+                missing_entries = cache.missing(kg, state, slot_keys, count=not round_, stamp=stamp)
+                if missing_entries:
+                    wanted[state] = [*wanted.get(state, ()), *missing_entries]
             unlisted = [
                 (state, key)
                 for state, key in listings
                 if cache.listing(kg, state, key) is None and (state, key) not in ctx.too_large
             ]
-            if not fetches and not unlisted:
+            if not wanted and not unlisted:
                 break
             evictions = cache.evictions
             before = time.perf_counter()
             found = [
-                await deps.store.get_many(deps.job_name, kg, state, missing)
-                for state, missing in fetches
+                await deps.store.get_many(deps.job_name, kg, state, keys)
+                for state, keys in wanted.items()
             ]
             listed = [(state, key, await self._list_entries(state, key)) for state, key in unlisted]
             waited += time.perf_counter() - before
             # no wait from here to the batch's processing
             evicted_meanwhile = cache.evictions != evictions
-            protect = sum(len(v) for v in wanted.values())
-            protect += sum(len(entries) for _, _, entries in listed if entries)
-            for (state, missing), values in zip(fetches, found, strict=True):
-                cache.fill(kg, state, missing, values, protect=protect)
-            for state, key, entries in listed:
-                if entries is not None:
-                    self._put_listing(state, key, entries, protect)
-                    wanted[state] = [*wanted.get(state, ()), *entries]
+            for (state, keys), values in zip(wanted.items(), found, strict=True):
+                cache.fill(kg, state, keys, values, protect=stamp)
+            for state, key, stored in listed:
+                if stored is not None:
+                    self._put_listing(state, key, stored, stamp)
+                    entries[state] = [*entries.get(state, ()), *stored]
             if not evicted_meanwhile and not listed:
                 break  # what was cached before is still there: all is loaded
         deps.metrics.cache_counts(cache.hits, cache.misses)
@@ -855,14 +925,18 @@ class KeyGroupRunner:
 
     def _process(self, batch: SourceBatch, keys: Sequence[Hashable], key_bytes: list[bytes]) -> int:
         """Run the user function over the batch's records; the number processed."""
-        self._ctx.new_batch()
+        entries = self.deps.cache.entries(self.key_group, key_bytes)
         try:
-            return self._process_records(batch, keys, key_bytes)
+            return self._process_records(batch, keys, key_bytes, entries)
         finally:
             self._ctx.flush()
 
     def _process_records(
-        self, batch: SourceBatch, keys: Sequence[Hashable], key_bytes: list[bytes]
+        self,
+        batch: SourceBatch,
+        keys: Sequence[Hashable],
+        key_bytes: list[bytes],
+        entries: list[Entry | None],
     ) -> int:
         deps = self.deps
         kg = self.key_group
@@ -898,10 +972,12 @@ class KeyGroupRunner:
                     event_time = timestamps[i]
                 else:
                     event_time = deps.source.event_time(kg, offset)
-            ctx.begin(keys[i], key_bytes[i], offset, event_time)
+            ctx.begin(keys[i], key_bytes[i], offset, event_time, entries[i])
             try:
                 process(record, ctx)
             except _NotLoaded:
+                ctx.rollback()
+                self._load_again = done == 0
                 if ctx.wanted_entries or ctx.wanted_listings:
                     self._probe(batch, keys, key_bytes, i + 1, deadline)
                 break  # the next step loads it
@@ -909,6 +985,7 @@ class KeyGroupRunner:
                 self._corrupt(offset, ctx._key, exc)
                 break
             except Exception as exc:
+                ctx.rollback()
                 if deps.error_policy == "fail":
                     self.failed = UserFunctionError(kg, offset, exc)
                     log.error("%s; key group %d stopped (errorPolicy fail)", self.failed, kg)
@@ -925,13 +1002,12 @@ class KeyGroupRunner:
                 if timed and not self._fire_passed(offset):
                     break
                 continue
-            kb = key_bytes[i]
-            if ctx._pending or ctx._pending_entries:
+            if ctx._entry_writes:
                 ctx.apply()
             if ctx._outputs:
                 outputs.emit_all(kg, offset, ctx._key, ctx._outputs)
             if ctx._timers.ops:
-                ctx._timers.apply(timers, kb)
+                ctx._timers.apply(timers, key_bytes[i])
             offset += 1
             done += 1
             if event_time is not None:
@@ -982,7 +1058,8 @@ class KeyGroupRunner:
             ctx.begin(keys[i], key_bytes[i], offset, event_time)
             with contextlib.suppress(_NotLoaded, CorruptState, Exception):
                 process(record, ctx)
-        ctx.begin(None, b"", self.position)  # nothing of the probe stays pending
+            ctx.rollback()  # nothing of the probe stays
+        ctx.begin(None, b"", self.position)
 
     def _poison(self, poison: Poison) -> bool:
         """Apply ``onPoison`` to an undecodable record; False: the key group stops."""
@@ -1108,11 +1185,14 @@ class KeyGroupRunner:
                 try:
                     on_timer(FiredTimer(domain, time_ms, key, payload, member), ctx)
                 except _NotLoaded:
+                    ctx.rollback()
+                    self._load_again = True
                     return False
                 except CorruptState as exc:
                     self._corrupt(self.position, key, exc)
                     return False
                 except Exception as exc:
+                    ctx.rollback()
                     if deps.error_policy == "fail":
                         self.failed = UserFunctionError(kg, self.position, exc)
                         log.error("%s (timer); key group %d stopped", self.failed, kg)
@@ -1124,7 +1204,7 @@ class KeyGroupRunner:
                     timers.pop_fired(queue, kb, time_ms, member)
                     continue
                 timers.pop_fired(queue, kb, time_ms, member)
-                if ctx._pending or ctx._pending_entries:
+                if ctx._entry_writes:
                     ctx.apply()
                 if ctx._outputs:
                     origin = TimerOrigin(queue, time_ms, key)
