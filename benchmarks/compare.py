@@ -25,9 +25,10 @@ Each system's job writes the key group and processing time of every record;
 a key group's pause is the longest gap between two of its records that
 overlaps the rescale (``benchmarks/peers/pauses.py``). Throughput: one worker
 (keyshift, ``benchmarks/throughput.py``, Valkey and in-process state) and one
-task slot (Flink, RocksDB and ForSt) on the counter over Zipf keys, as records/s
-and records per CPU second (keyshift: the worker process; Flink: the
-TaskManager JVM, over exactly the measured window); keyshift also reads the
+task slot (Flink, RocksDB and ForSt) on the counter over Zipf keys,
+``--throughput-rounds`` runs of each (medians), as records/s and records per CPU
+second (keyshift: the worker process; Flink: the TaskManager JVM, over exactly the
+measured window); keyshift also reads the
 same records from a Kafka topic (the test broker, Tansu).
 
 Writes ``benchmarks/results/compare.json``, ``benchmarks/compare_pause.png``
@@ -136,6 +137,39 @@ def keyshift_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def flink_throughput(clusters: flink.Clusters, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Flink's rows: one task slot with RocksDB and with ForSt, ``--throughput-rounds``
+    runs of each (the backends in turn in every round, as keyshift's rows alternate its
+    stores); each row is its median run per CPU second, with every round's figures."""
+    runs: dict[str, list[dict[str, Any]]] = {backend: [] for backend in FLINK_BACKENDS}
+    for round_ in range(args.throughput_rounds):
+        for backend in FLINK_BACKENDS:
+            say(f"flink throughput, {backend}, round {round_ + 1}/{args.throughput_rounds}")
+            runs[backend].append(
+                flink.throughput(
+                    clusters,
+                    backend,
+                    keys=args.throughput_keys,
+                    records=args.throughput_records,
+                    warmup=0.4,
+                )
+            )
+    rows: list[dict[str, Any]] = []
+    for each in runs.values():
+        median = sorted(each, key=lambda r: r["records_per_cpu_second"])[len(each) // 2]
+        rows.append(
+            median
+            | {
+                "rounds_records_per_second": [r["records_per_second"] for r in each],
+                "rounds_records_per_cpu_second": [r["records_per_cpu_second"] for r in each],
+            }
+        )
+    return rows
+
+
+FLINK_BACKENDS = ("rocksdb", "forst")
+
+
 # -- the run -------------------------------------------------------------------------------
 
 
@@ -177,17 +211,7 @@ def run_throughput_only(args: argparse.Namespace) -> dict[str, Any]:
     if not args.no_flink:
         clusters = flink.Clusters(WORK / "compare")
         try:
-            for backend in ("rocksdb", "forst"):
-                say(f"flink throughput, {backend}")
-                rows.append(
-                    flink.throughput(
-                        clusters,
-                        backend,
-                        keys=args.throughput_keys,
-                        records=args.throughput_records,
-                        warmup=0.4,
-                    )
-                )
+            rows += flink_throughput(clusters, args)
         finally:
             clusters.stop()
     measured = {r["system"] for r in rows}
@@ -237,17 +261,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 say("keyshift throughput")
                 data["throughput"] += keyshift_throughput(args)
             if not args.no_flink:
-                for backend in ("rocksdb", "forst"):
-                    say(f"flink throughput, {backend}")
-                    data["throughput"].append(
-                        flink.throughput(
-                            clusters,
-                            backend,
-                            keys=args.throughput_keys,
-                            records=args.throughput_records,
-                            warmup=0.4,
-                        )
-                    )
+                data["throughput"] += flink_throughput(clusters, args)
         for i, keys in enumerate(sizes):
             failover = not args.failover_first_only or i == 0
             if not args.no_keyshift:

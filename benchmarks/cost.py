@@ -604,6 +604,17 @@ def idle_markdown(data: dict[str, Any]) -> str:
     )
 
 
+def capacity_ratio(data: dict[str, Any]) -> str:
+    """keyshift's measured capacity against Flink's, in words for the section."""
+    caps = data["capacities"]
+    ratio = caps["keyshift"]["records_per_cpu_second"] / caps["flink"]["records_per_cpu_second"]
+    more = "more" if ratio >= 1 else "less"
+    return (
+        f"keyshift's worker does {ratio:.2f}x the records per CPU second of Flink's best "
+        f"mode here, {more} work per CPU"
+    )
+
+
 def results_markdown(data: dict[str, Any]) -> str:
     caps, m = data["capacities"], data["machine"]
     sys_names = [s["name"] for s in data["systems"]]
@@ -688,13 +699,14 @@ def results_markdown(data: dict[str, Any]) -> str:
         + need
         + "![cost in CPU-hours](cost.png)\n\n"
         "What decides these figures: the capacities per CPU second (measured, one machine, "
-        "one workload: a counter whose per-record work is small, where Flink's JVM does "
-        "more per CPU second than keyshift's Python worker) and the autoscalers' reaction "
+        f"one workload: a counter whose per-record work is small; {capacity_ratio(data)}) "
+        "and the autoscalers' reaction "
         "(simulated: Flink's figures are its default rules on this model, with a 5 min "
         "restart, not a measured Flink job). keyshift's autoscaler follows the load more "
         "closely and keeps the lag at seconds, where Flink's runs hotter and lets minutes of "
-        "lag build (the cells); where the ratio to Flink's autoscaler is above 1, the gap in "
-        "records per CPU second outweighs that. The capacities come from one run (its "
+        "lag build (the cells); where the ratio to Flink's autoscaler is above 1, what "
+        "keyshift pays for that (or for a lower capacity) outweighs the rest. The "
+        "capacities come from one run (its "
         'conditions in the notes under "Side by side with Apache Flink"); on a machine '
         "shared with other work they move by tens of percent between runs; the load scale "
         "and whole-worker granularity move the CPU-hours too (`--load-scale`).\n"

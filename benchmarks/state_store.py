@@ -1,11 +1,12 @@
-"""State store latency: ``get_many`` and ``commit`` on standalone and cluster.
+"""State store latency: ``get_many``, ``get_states``, ``commit``; standalone and cluster.
 
     python -m benchmarks.state_store [--quick]
 
 Starts a standalone Valkey and a 3-master Redis Cluster on loopback (the same
 server binary for both, see ``keyshift.store.server``), measures p50/p99 of
-``get_many`` (1 and 100 keys) and ``commit`` (100, 1000, 10000 dirty keys of
-100-byte values), and writes ``benchmarks/results/state_store.json`` and the
+``get_many`` (1 and 100 keys), ``get_states`` (100 keys of each of 2 states: a batch's
+read of the counter's misses) and ``commit`` (100, 1000, 10000 dirty keys of 100-byte
+values), and writes ``benchmarks/results/state_store.json`` and the
 "State store" section of ``benchmarks/RESULTS.md``.
 """
 
@@ -43,12 +44,14 @@ async def measure_store(
     out: dict[str, dict[str, float]] = {}
     claim = await store.claim(job, 0, "bench")
     seq = claim.seq
-    # preload 10k keys to read back
+    # preload 10k keys of two states to read back
+    preload = {"s": dict.fromkeys(KEYS, VALUE), "t": dict.fromkeys(KEYS, VALUE)}
     seq = (await store.commit(job, 0, epoch=claim.epoch, token=claim.token, seq=seq,
-                              puts={"s": dict.fromkeys(KEYS, VALUE)}, position=0)).seq  # fmt: skip
+                              puts=preload, position=0)).seq  # fmt: skip
     cases: list[tuple[str, int, int]] = [
         ("get_many 1 key", 1, 300 if quick else 3000),
         ("get_many 100 keys", 100, 200 if quick else 2000),
+        ("get_states 2 x 100 keys", 100, 200 if quick else 2000),
         ("commit 100 keys", 100, 100 if quick else 1000),
         ("commit 1000 keys", 1000, 50 if quick else 400),
         ("commit 10000 keys", 10_000, 10 if quick else 60),
@@ -61,6 +64,8 @@ async def measure_store(
             start = time.perf_counter()
             if name.startswith("get_many"):
                 await store.get_many(job, 0, "s", keys)
+            elif name.startswith("get_states"):
+                await store.get_states(job, 0, {"s": keys, "t": keys})
             else:
                 seq = (await store.commit(
                     job, 0, epoch=claim.epoch, token=claim.token, seq=seq,

@@ -85,6 +85,37 @@ async def test_commit_applies_puts_deletes_position_and_advances_sequence(
     assert (info.seq, info.position, info.entries) == (2, 5, 2)
 
 
+async def test_get_states_reads_several_states_of_a_key_group_as_get_many_does(
+    store: StateStore, job: str
+) -> None:
+    c = await store.claim(job, 2, "w0")
+    await store.commit(
+        job,
+        2,
+        epoch=c.epoch,
+        token=c.token,
+        seq=c.seq,
+        puts={"count": {b"a": b"1", b"b": b"2"}, "last": {b"b": b"x"}},
+        position=2,
+    )
+    other = await store.claim(job, 3, "w0")  # same state names, another key group
+    await store.commit(
+        job, 3, epoch=other.epoch, token=other.token, seq=other.seq,
+        puts={"count": {b"a": b"99"}}, position=1,
+    )  # fmt: skip
+    wanted = {"count": [b"a", b"b", b"zz"], "last": [b"a", b"b"], "never": [b"a"], "none": []}
+    got = await store.get_states(job, 2, wanted)
+    assert got == {
+        "count": {b"a": b"1", b"b": b"2"},
+        "last": {b"b": b"x"},
+        "never": {},
+        "none": {},
+    }
+    for state, keys_ in wanted.items():
+        assert got[state] == await store.get_many(job, 2, state, keys_)
+    assert await store.get_states(job, 2, {}) == {}
+
+
 async def test_stale_epoch_is_fenced_and_writes_nothing(store: StateStore, job: str) -> None:
     old = await store.claim(job, 1, "old")
     await store.commit(

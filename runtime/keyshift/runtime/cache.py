@@ -14,7 +14,8 @@ commit (:meth:`committed`) or when the key group is dropped (:meth:`drop`). When
 dirty bytes pass ``dirty_limit`` the owner must checkpoint (:attr:`needs_checkpoint`).
 
 The cache never loads anything itself: the runtime asks which keys are
-:meth:`missing`, loads them in one ``get_many`` per state, and :meth:`fill`\\ s them in.
+:meth:`missing`, loads them (all states in one ``get_states`` round trip), and
+:meth:`fill`\\ s them in.
 Eviction is CLOCK (second chance), an approximation of least recently used that costs
 a flag per hit instead of a move in a list: entries queue in the order they came, a hit
 sets the entry's flag, and eviction takes the oldest entry whose flag is clear (clearing

@@ -858,16 +858,13 @@ class KeyGroupRunner:
                 break
             evictions = cache.evictions
             before = time.perf_counter()
-            found = [
-                await deps.store.get_many(deps.job_name, kg, state, keys)
-                for state, keys in wanted.items()
-            ]
+            found = await deps.store.get_states(deps.job_name, kg, wanted) if wanted else {}
             listed = [(state, key, await self._list_entries(state, key)) for state, key in unlisted]
             waited += time.perf_counter() - before
             # no wait from here to the batch's processing
             evicted_meanwhile = cache.evictions != evictions
-            for (state, keys), values in zip(wanted.items(), found, strict=True):
-                cache.fill(kg, state, keys, values, protect=stamp)
+            for state, keys in wanted.items():
+                cache.fill(kg, state, keys, found[state], protect=stamp)
             for state, key, stored in listed:
                 if stored is not None:
                     self._put_listing(state, key, stored, stamp)

@@ -368,8 +368,17 @@ class MemoryStore:
     async def get_many(
         self, job: str, key_group: int, state_name: str, keys: Collection[bytes]
     ) -> dict[bytes, bytes]:
-        state = self._peek(job, key_group).states.get(state_name, {})
-        return {k: state[k] for k in keys if k in state}
+        return (await self.get_states(job, key_group, {state_name: keys}))[state_name]
+
+    async def get_states(
+        self, job: str, key_group: int, wanted: Mapping[str, Collection[bytes]]
+    ) -> dict[str, dict[bytes, bytes]]:
+        states = self._peek(job, key_group).states
+        found: dict[str, dict[bytes, bytes]] = {}
+        for state_name, keys in wanted.items():
+            state = states.get(state_name, {})
+            found[state_name] = {k: state[k] for k in keys if k in state}
+        return found
 
     async def entries(
         self,

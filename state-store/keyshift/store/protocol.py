@@ -440,6 +440,14 @@ class StateStore(Protocol):
         """The stored values of ``keys``; absent keys are left out."""
         ...
 
+    async def get_states(
+        self, job: str, key_group: int, wanted: Mapping[str, Collection[bytes]]
+    ) -> dict[str, dict[bytes, bytes]]:
+        """The stored values of several states' keys (``state name -> keys``) in one
+        round trip, as :meth:`get_many` gives them per state: one dict per state asked
+        for, absent keys left out.  A worker's batch reads all its states' misses so."""
+        ...
+
     async def entries(
         self,
         job: str,

@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Collection, Mapping
 from functools import partial
 from importlib import resources
+from itertools import chain
 from typing import Any, Literal, TypeVar
 
 import msgspec
@@ -394,9 +395,8 @@ class RedisStateStore:
             put = puts.get(name, {})
             dele = deletes.get(name, ())
             args += [name, 1 if entries else 0, len(put), len(dele)]
-            for k, v in put.items():
-                args += [k, v]
-            args += list(dele)
+            args.extend(chain.from_iterable(put.items()))  # k1, v1, k2, v2, ...
+            args.extend(dele)
         for queue in sorted(timers):
             check_state_name(queue)
             key_list.append(keys.timers(job, key_group, queue))
@@ -598,16 +598,28 @@ class RedisStateStore:
     async def get_many(
         self, job: str, key_group: int, state_name: str, keys_: Collection[bytes]
     ) -> dict[bytes, bytes]:
-        if not keys_:
-            return {}
-        wanted = list(keys_)
-        values = await self._retrying(
-            "get_many",
-            lambda: self._client.hmget(keys.state(job, key_group, state_name), wanted),
-            job=job,
-            key_group=key_group,
-        )
-        return {k: v for k, v in zip(wanted, values, strict=True) if v is not None}
+        return (await self.get_states(job, key_group, {state_name: keys_}))[state_name]
+
+    async def get_states(
+        self, job: str, key_group: int, wanted: Mapping[str, Collection[bytes]]
+    ) -> dict[str, dict[bytes, bytes]]:
+        asked = {name: list(keys_) for name, keys_ in wanted.items() if keys_}
+        found: dict[str, dict[bytes, bytes]] = {name: {} for name in wanted}
+        if not asked:
+            return found
+
+        async def read() -> list[Any]:
+            # one HMGET per state, sent together (the key group's keys share a slot)
+            pipe = self._client.pipeline(transaction=False)
+            for name, fields in asked.items():
+                pipe.hmget(keys.state(job, key_group, name), fields)
+            replies: list[Any] = await pipe.execute()
+            return replies
+
+        replies = await self._retrying("get_states", read, job=job, key_group=key_group)
+        for (name, fields), values in zip(asked.items(), replies, strict=True):
+            found[name] = {k: v for k, v in zip(fields, values, strict=True) if v is not None}
+        return found
 
     async def entries(
         self,
