@@ -137,6 +137,9 @@ def keyshift_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+FLINK_BACKENDS = ("rocksdb", "forst")
+
+
 def flink_throughput(clusters: flink.Clusters, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Flink's rows: one task slot with RocksDB and with ForSt, ``--throughput-rounds``
     runs of each (the backends in turn in every round, as keyshift's rows alternate its
@@ -165,9 +168,6 @@ def flink_throughput(clusters: flink.Clusters, args: argparse.Namespace) -> list
             }
         )
     return rows
-
-
-FLINK_BACKENDS = ("rocksdb", "forst")
 
 
 # -- the run -------------------------------------------------------------------------------

@@ -858,7 +858,7 @@ class KeyGroupRunner:
                 break
             evictions = cache.evictions
             before = time.perf_counter()
-            found = await deps.store.get_states(deps.job_name, kg, wanted) if wanted else {}
+            found = await deps.store.get_states(deps.job_name, kg, wanted)
             listed = [(state, key, await self._list_entries(state, key)) for state, key in unlisted]
             waited += time.perf_counter() - before
             # no wait from here to the batch's processing
