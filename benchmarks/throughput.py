@@ -3,6 +3,7 @@ from a Kafka topic.
 
     python -m benchmarks.throughput [--keys 1000000] [--records 3000000] [--no-kafka]
                                     [--write-results-md]
+    py-spy record -o valkey.txt -f raw -- python -m benchmarks.throughput --only valkey
 
 The same worker (cache, checkpoints, commits every ``checkpointInterval``)
 runs the counter job over the generator with Zipf-distributed keys, once
@@ -381,6 +382,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=2000)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--no-kafka", action="store_true", help="skip the Kafka-source row")
+    p.add_argument(
+        "--only",
+        choices=["in-process", "valkey"],
+        help="run this row alone and write nothing (a process to profile, e.g. under py-spy)",
+    )
     p.add_argument("--output", type=Path, default=RESULTS)
     p.add_argument("--write-results-md", action="store_true")
     p.add_argument("--replot", action="store_true", help="the section from the saved --output")
@@ -445,8 +451,34 @@ Target (remote >= 80% of in-process with >= 95% cache hits): {"met" if met else 
 {notes}"""
 
 
+async def only(args: argparse.Namespace) -> None:
+    """``--only``: one row's rounds, printed; nothing compared or written."""
+    with tempfile.TemporaryDirectory(prefix="keyshift-bench-") as tmp:
+        server = LocalServer(Path(tmp)).start() if args.only == "valkey" else None
+        try:
+            for round_ in range(args.repeat):
+                if server is None:
+                    run = await measure(MemoryStore(), args)
+                else:
+                    store = open_store(server.url)
+                    try:
+                        run = await measure(store, args, store_pid=server.pid)
+                    finally:
+                        await store.close()
+                print(
+                    f"  round {round_ + 1}: {args.only} {run.records_per_second:,.0f}/s "
+                    f"({run.records_per_cpu_second:,.0f} per CPU s), hits {run.cache_hit_ratio:.4f}"
+                )
+        finally:
+            if server is not None:
+                server.stop()
+
+
 if __name__ == "__main__":
     arguments = parse_args()
+    if arguments.only:
+        asyncio.run(only(arguments))
+        sys.exit(0)
     if arguments.replot:
         result = json.loads(arguments.output.read_text())
     else:

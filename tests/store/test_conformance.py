@@ -252,6 +252,37 @@ async def test_large_commit_is_atomic_and_complete(store: StateStore, job: str) 
     assert (await store.key_group_info(job, 0)).entries == 5_000
 
 
+async def test_a_commit_keeps_any_bytes(worker_store: Any, job: str) -> None:
+    """Keys and values are bytes of any kind, whatever the commit's framing: every byte,
+    NUL, empty values, digits (never read as numbers), values past 64 KiB; an entry
+    state's index holds more entries than one call of the script takes at once."""
+    c = await worker_store.claim(job, 0, "w")
+    every = bytes(range(256))
+    puts = {
+        every: every[::-1],
+        b"\x00": b"",
+        b"": b"\x00\x00",
+        b"1e3": b"007",
+        b"-0": b"1.0",
+        b"big": bytes(range(256)) * 300,
+    }
+    many = {b"m\xa1" + n.to_bytes(2, "big"): n.to_bytes(2, "little") for n in range(2_500)}
+    await worker_store.commit(
+        job, 0, epoch=c.epoch, token=c.token, seq=c.seq, position=1,
+        puts={"s": puts, "m": many}, entry_states={"m"},
+    )  # fmt: skip
+    assert await worker_store.get_many(job, 0, "s", list(puts)) == puts
+    assert await worker_store.entries(job, 0, "m", b"m", count=5_000) == sorted(many.items())
+    gone = [every, b""]
+    await worker_store.commit(
+        job, 0, epoch=c.epoch, token=c.token, seq=c.seq + 1, position=2,
+        deletes={"s": gone, "m": list(many)[1:]}, entry_states={"m"},
+    )  # fmt: skip
+    kept = {k: v for k, v in puts.items() if k not in gone}
+    assert await worker_store.get_many(job, 0, "s", list(puts)) == kept
+    assert await worker_store.entries(job, 0, "m", b"m", count=5_000) == list(many.items())[:1]
+
+
 async def test_scan_by_prefix_returns_each_matching_entry_once(store: StateStore, job: str) -> None:
     c = await store.claim(job, 0, "w")
     entries = {b"user:1:" + str(i).encode(): b"a" for i in range(500)}

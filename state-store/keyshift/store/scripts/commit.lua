@@ -5,7 +5,8 @@
 -- ARGV[5] watermark ('' keeps the stored one)  ARGV[6] number of state hashes
 -- ARGV[7] number of timer sets  ARGV[8] now (unix seconds)  ARGV[9] commit id (random,
 -- drawn once per commit and sent again by its retries)
--- then per state hash:  name, entries (1: an entry state), nputs, ndeletes, k1, v1, ..., d1, ...
+-- then per state hash:  name, entries (1: an entry state), puts, deletes; puts is one msgpack
+--   array {k1, v1, k2, v2, ...} and deletes one {d1, d2, ...} (raw strings; '' for none)
 -- then per timer set:   name, nadds, nremoves, score1, member1, ..., r1, ...
 -- Returns {'OK', next_seq, replayed} or {'FENCED', reason, stored_epoch, stored_seq}.
 local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'seq', 'commit')
@@ -27,48 +28,54 @@ if seq ~= want_seq then
 end
 
 local CHUNK = 1000
-local function apply(cmd, key, first, count, stride)
+-- cmd key values[first], values[first + 1], ..., values[first + count * stride - 1], in
+-- calls of at most CHUNK items (Lua's unpack has a stack limit)
+local function apply(cmd, key, values, first, count, stride)
   local i = first
   local last = first + count * stride - 1
   while i <= last do
     local j = math.min(i + CHUNK * stride - 1, last)
-    redis.call(cmd, key, unpack(ARGV, i, j))
+    redis.call(cmd, key, unpack(values, i, j))
     i = j + 1
   end
 end
 
 -- an entry state's index: ZADD 0 (fields of the puts) / ZREM (deleted fields)
-local function index(key, first, count, stride)
-  local i = first
-  local last = first + count * stride - 1
+local function index(key, values, count)
+  local i = 1
+  local last = 2 * count - 1
   while i <= last do
-    local j = math.min(i + CHUNK * stride - 1, last)
+    local j = math.min(i + CHUNK * 2 - 1, last)
     local members = {}
-    for n = i, j, stride do
+    for n = i, j, 2 do
       members[#members + 1] = 0
-      members[#members + 1] = ARGV[n]
+      members[#members + 1] = values[n]
     end
     redis.call('ZADD', key, unpack(members))
     i = j + 1
   end
 end
 
+local function unpacked(packed)
+  if packed == '' then return {} end
+  return cmsgpack.unpack(packed)
+end
+
 local arg = 10
 local key = 3
 for _ = 1, tonumber(ARGV[6]) do
   local name, entries = ARGV[arg], ARGV[arg + 1] == '1'
-  local nput, ndel = tonumber(ARGV[arg + 2]), tonumber(ARGV[arg + 3])
+  local puts, dels = unpacked(ARGV[arg + 2]), unpacked(ARGV[arg + 3])
+  local nput, ndel = #puts / 2, #dels
   arg = arg + 4
   if nput > 0 then
-    apply('HSET', KEYS[key], arg, nput, 2)
-    if entries then index(KEYS[key + 1], arg, nput, 2) end
+    apply('HSET', KEYS[key], puts, 1, nput, 2)
+    if entries then index(KEYS[key + 1], puts, nput) end
   end
-  arg = arg + 2 * nput
   if ndel > 0 then
-    apply('HDEL', KEYS[key], arg, ndel, 1)
-    if entries then apply('ZREM', KEYS[key + 1], arg, ndel, 1) end
+    apply('HDEL', KEYS[key], dels, 1, ndel, 1)
+    if entries then apply('ZREM', KEYS[key + 1], dels, 1, ndel, 1) end
   end
-  arg = arg + ndel
   redis.call('SADD', KEYS[2], 's:' .. name)
   key = key + 1
   if entries then
@@ -79,9 +86,9 @@ end
 for _ = 1, tonumber(ARGV[7]) do
   local name, nadd, nrem = ARGV[arg], tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2])
   arg = arg + 3
-  if nadd > 0 then apply('ZADD', KEYS[key], arg, nadd, 2) end
+  if nadd > 0 then apply('ZADD', KEYS[key], ARGV, arg, nadd, 2) end
   arg = arg + 2 * nadd
-  if nrem > 0 then apply('ZREM', KEYS[key], arg, nrem, 1) end
+  if nrem > 0 then apply('ZREM', KEYS[key], ARGV, arg, nrem, 1) end
   arg = arg + nrem
   redis.call('SADD', KEYS[2], 't:' .. name)
   key = key + 1
