@@ -377,6 +377,8 @@ class RescaleRun:
     baseline_gap_commits: float | None
     handoff: dict[str, Any] | None = None
     """The record's handoff timeline: per step, the median and longest time it took."""
+    busy_before: list[float] | None = None
+    """The owning workers' busy ratios just before the rescale (the live view's window)."""
 
 
 @dataclass
@@ -392,6 +394,16 @@ class FailoverRun:
     rebalance_seconds: float | None
     survivors_gap_output: float | None
     """Longest output gap of the survivors' own key groups from kill to progressing."""
+
+
+def owners_busy(status: dict[str, Any], parallelism: int) -> list[float]:
+    """The busy ratio of each worker that owns key groups (ordinal below
+    ``parallelism``), as the status document shows it; standby workers are left out."""
+    return [
+        round(float(w["busy_ratio"]), 3)
+        for w in status.get("workers", [])
+        if w.get("ordinal", parallelism) < parallelism and w.get("busy_ratio") is not None
+    ]
 
 
 def make_timeline(
@@ -509,6 +521,7 @@ async def run_size(
     failovers: list[tuple[int, int, float, list[int], dict[str, Any] | None,
                           dict[str, Any] | None]] = []  # fmt: skip
     quiet_marks: list[float] = []
+    busy: dict[tuple[str, int], list[float]] = {}
     try:
         await asyncio.to_thread(server.start)
         say(f"{keys:,} keys: store {server.url} (pid {server.pid}), loading state")
@@ -528,6 +541,7 @@ async def run_size(
         await asyncio.sleep(args.warmup)
         for repeat in range(args.repeats):
             quiet_marks.append(time.time())
+            busy[("2->4", repeat)] = owners_busy(job.status(), 2)
             record = await job.scale(4)
             events.append(("2->4", repeat, quiet_marks[-1], record))
             say(f"  2 -> 4 #{repeat + 1}: {duration(record):.2f}s, store pause "
@@ -537,6 +551,7 @@ async def run_size(
                 failovers.append(await kill_one(job, repeat))
                 await asyncio.sleep(SETTLE_SECONDS)
             quiet_marks.append(time.time())
+            busy[("4->2", repeat)] = owners_busy(job.status(), 4)
             record = await job.scale(2)
             events.append(("4->2", repeat, quiet_marks[-1], record))
             say(f"  4 -> 2 #{repeat + 1}: {duration(record):.2f}s, store pause "
@@ -561,6 +576,8 @@ async def run_size(
         analyse_rescale(rec, direction, repeat, outputs, samples, quiet_from)
         for direction, repeat, quiet_from, rec in events
     ]
+    for r in rescales:
+        r.busy_before = busy.get((r.direction, r.repeat))
     failover_runs = [analyse_failover(*f, outputs, samples) for f in failovers]
     timeline = make_timeline(events, outputs)
     if args.keep:
@@ -827,6 +844,10 @@ def results_markdown(data: dict[str, Any], extras: list[dict[str, Any]] | None =
     return "\n".join(lines)
 
 
+def busy_cell(busy: list[float] | None) -> str:
+    return ", ".join(f"{b:.0%}" for b in busy) if busy else "-"
+
+
 def handoff_markdown(data: dict[str, Any]) -> str:
     """Where a moved key group's pause goes, step by step, per rescale of the run."""
     from keyshift.controller.core.handoffs import STAGES
@@ -840,12 +861,13 @@ def handoff_markdown(data: dict[str, Any]) -> str:
         "step, the time since the step before it over the moved key groups, median / longest "
         "in ms; the first step counts from the assignment's publication. *pause* = the old "
         "owner's batch end to the new owner's first batch loaded; *via* = how the new owners "
-        "learned of the release.",
+        "learned of the release; *busy before* = the old owners' busy ratios just before the "
+        "rescale (`keyshift status`, the live view's window).",
         "",
-        "| keys | rescale | moved | "
+        "| keys | rescale | busy before | moved | "
         + " | ".join(s.replace("_", " ") for s in STAGES)
         + " | pause | via | moved pause (output) |",
-        "|---:|---|---:|" + "---:|" * len(STAGES) + "---:|---|---:|",
+        "|---:|---|---|---:|" + "---:|" * len(STAGES) + "---:|---|---:|",
     ]
     for size in data["sizes"]:
         for r in size["rescales"]:
@@ -860,7 +882,7 @@ def handoff_markdown(data: dict[str, Any]) -> str:
             via = ", ".join(f"{k} {v}" for k, v in (h.get("via") or {}).items())
             lines.append(
                 f"| {size['keys']:,} | {r['direction'].replace('->', ' → ')} "
-                f"| {r['moved_key_groups']} | "
+                f"| {busy_cell(r.get('busy_before'))} | {r['moved_key_groups']} | "
                 + " | ".join(cell(steps.get(s)) for s in STAGES)
                 + f" | {cell(h.get('pause_ms'))} | {via or '-'} "
                 f"| {ms(r['moved_pause_output'])} |"

@@ -1,13 +1,16 @@
 """Scale-out on one machine: a job of 128 key groups rescaled 4 -> 32 -> 4 workers.
 
     python -m benchmarks.scale_out [--key-groups 128] [--steps 4,32,4] [--rate 4000]
+                                   [--standby 0]
 
 ``keyshift run`` (embedded Valkey, worker processes, controller) runs the counter over
 the generator; the benchmark asks ``keyshift scale JOB N --wait`` for each step and
 reads, per rescale, the controller's record: wall time and its phases, the moved key
 groups, the longest pause of a moved key group (store release -> claim) and the
 handoff timeline's medians; and, once the job settles at each size, the resident
-memory of every worker process. Results: ``benchmarks/results/scale_out.json``; the
+memory of every worker process. ``--standby N`` runs the job with ``standbyWorkers: N``:
+ready workers that own nothing, which a scale-up takes instead of starting processes.
+Results: ``benchmarks/results/scale_out.json``; the
 "Scale-out" section of ``benchmarks/RESULTS.md`` is written from it by hand (with the
 command and the machine).
 """
@@ -57,6 +60,7 @@ def manifest(args: argparse.Namespace) -> dict[str, Any]:
                 "rate": {"recordsPerSecond": args.rate},
             },
             "checkpointInterval": "500ms",
+            "standbyWorkers": args.standby,
         },
     }
 
@@ -77,19 +81,25 @@ def wait(what: str, predicate: Any, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def settled(run_dir: Path, parallelism: int) -> bool:
+def settled(run_dir: Path, parallelism: int, standby: int) -> bool:
+    """The job runs at ``parallelism``, no rescale under way, its workers and the
+    standby ready."""
     doc = status(run_dir)
     return bool(
         doc
         and doc.get("parallelism") == parallelism
         and doc.get("rescale_in_progress") is None
-        and sum(1 for w in doc["workers"] if w["ready"]) == parallelism
+        and sum(1 for w in doc["workers"] if w["ready"]) == parallelism + standby
     )
 
 
-def worker_rss_mib(run_dir: Path) -> list[float]:
+def worker_rss_mib(run_dir: Path, parallelism: int) -> list[float]:
+    """The resident memory of the workers that own key groups (ordinals below
+    ``parallelism``; the standby ones are beyond)."""
     rss = []
     for w in status(run_dir).get("workers", []):
+        if w.get("ordinal", 0) >= parallelism:
+            continue
         try:
             rss.append(psutil.Process(w["pid"]).memory_info().rss / 2**20)
         except (psutil.Error, TypeError):
@@ -129,12 +139,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cli = [sys.executable, "-m", "keyshift.controller.cli"]
     log = (workdir / "keyshift-run.log").open("ab")
     proc = subprocess.Popen(
-        [*cli, "run", str(path), "--keep-running", "--max-workers", str(max(args.steps))],
+        [*cli, "run", str(path), "--keep-running",
+         "--max-workers", str(max(args.steps) + args.standby)],
         cwd=workdir, env=env, stdout=log, stderr=log, start_new_session=True,
     )  # fmt: skip
     results: list[dict[str, Any]] = []
     try:
-        wait("the first workers", lambda: settled(run_dir, args.steps[0]), 120)
+        wait("the first workers", lambda: settled(run_dir, args.steps[0], args.standby), 120)
         time.sleep(args.settle)  # a steady state before the first rescale (not a sync)
         for target in args.steps[1:]:
             say(f"scale to {target}")
@@ -144,10 +155,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )  # fmt: skip
             if done.returncode != 0:
                 raise RuntimeError(done.stdout + done.stderr)
-            wait(f"{target} workers settled", lambda t=target: settled(run_dir, t), 300)
+            wait(
+                f"{target} workers settled", lambda t=target: settled(run_dir, t, args.standby), 300
+            )
             time.sleep(args.settle)
             history = json.loads((run_dir / "controller.json").read_text())["history"]
-            results.append(summary(history[-1], worker_rss_mib(run_dir)))
+            results.append(summary(history[-1], worker_rss_mib(run_dir, target)))
             say(json.dumps(results[-1]))
     finally:
         proc.send_signal(signal.SIGINT)
@@ -161,6 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "command": "python -m benchmarks.scale_out " + " ".join(sys.argv[1:]),
         "key_groups": args.key_groups,
         "rate": args.rate,
+        "standby_workers": args.standby,
         "rescales": results,
         "machine": {
             "cpus": os.cpu_count(),
@@ -176,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=lambda s: [int(x) for x in s.split(",")], default=[4, 32, 4])
     p.add_argument("--rate", type=float, default=4000.0, help="records per second")
     p.add_argument("--settle", type=float, default=5.0, help="seconds between steps")
+    p.add_argument("--standby", type=int, default=0, help="spec.standbyWorkers")
     p.add_argument("--output", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     data = run(args)

@@ -266,6 +266,49 @@ async def test_apply_scale_failover_restart_delete(
     assert await store.job_info(name) is not None
 
 
+async def test_a_scale_up_takes_the_standby_pod_and_refills_the_standby(
+    cluster: Cluster, store: RedisStateStore
+) -> None:
+    """``standbyWorkers: 1``: a third pod of the StatefulSet runs, Ready and owning nothing;
+    2 -> 3 gives it key groups without starting a pod (the same pod, not a new one), and a
+    fourth pod is the standby after it; every record is counted exactly once."""
+    name = f"e2e-{secrets.token_hex(3)}"
+    limit = 1000  # records per key group: enough to outlast the rescale, and no more
+    source = {**SOURCE, "limit": limit}
+    doc = manifest(name, cluster, 2, standbyWorkers=1, source={"type": "generator", **source})
+    cluster.kubectl("apply", "--validate=false", "-f", "-", input=doc)
+
+    def standby_ready(ordinal: int) -> dict[str, Any] | None:
+        s = job_status(cluster, name)
+        standby = [w for w in s.get("workers") or [] if w["ordinal"] == ordinal]
+        return s if standby and standby[0]["ready"] and standby[0]["keyGroups"] == 0 else None
+
+    status = settled_at(cluster, name, 2, rescales=1)
+    status = cluster.wait("the standby worker Ready", lambda: standby_ready(2), 60)
+    assert [w["keyGroups"] for w in status["workers"]] == [6, 6, 0]
+    sts = cluster.get("statefulset", f"{name}-worker")
+    assert sts is not None and sts["spec"]["replicas"] == 3
+    standby_pod = cluster.get("pod", f"{name}-worker-2")
+    assert standby_pod is not None
+
+    cluster.kubectl("scale", f"streamjob/{name}", "--replicas=3")
+    status = settled_at(cluster, name, 3, rescales=len(status["rescales"]) + 1)
+    last = status["rescales"][-1]
+    assert (last["from"], last["to"], last["outcome"]) == (2, 3, "succeeded")
+    taken = cluster.get("pod", f"{name}-worker-2")
+    assert taken is not None
+    assert taken["metadata"]["uid"] == standby_pod["metadata"]["uid"]  # no new pod for it
+    await assert_sound(store, name, 3)
+    status = cluster.wait("the standby refilled", lambda: standby_ready(3), 60)
+    assert [w["keyGroups"] for w in status["workers"]] == [4, 4, 4, 0]
+
+    await wait_for(lambda: all_done(store, name, KEY_GROUPS, limit), 90, "every record")
+    await assert_exact_counter_state(store, name, source, KEY_GROUPS, limit)
+    cluster.kubectl("delete", "streamjob", name, "--wait=false")
+    cluster.wait("the job's pods to go",
+                 lambda: not cluster.list("pods", f"keyshift.dev/job={name}"), 60)  # fmt: skip
+
+
 def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
 

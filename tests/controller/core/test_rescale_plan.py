@@ -305,6 +305,29 @@ def test_the_controller_keeps_the_standby_running() -> None:
     assert workers_needed(None, None, standby=2) == set()
 
 
+def test_a_scale_up_refills_the_standby_it_took_once_its_handoffs_are_done() -> None:
+    """2 -> 4 with 2 standby workers takes workers 2 and 3; the new standby (4 and 5) is
+    started after the handoffs, not during them, when it would take their CPU."""
+    before = Assignment(1, 2, tuple(plan_assignment(K, 2)))
+    up = plan_rescale("j", K, plan_assignment(K, 2), 2, 1, 4, "manual", now=0.0, standby=2)
+    assert up.start_workers == [2, 3]  # running already, as the standby
+    for phase in ("starting_workers", "publishing"):
+        up.phase = phase
+        assert workers_needed(before, up, standby=2) == {0, 1, 2, 3}
+    after = Assignment(2, 4, tuple(plan_assignment(K, 4)))
+    up.phase = "handing_off"
+    assert workers_needed(after, up, standby=2) == {0, 1, 2, 3}
+    up.phase = "stopping_workers"
+    assert workers_needed(after, up, standby=2) == {0, 1, 2, 3, 4, 5}
+    assert workers_needed(after, None, standby=2) == {0, 1, 2, 3, 4, 5}
+    # a scale-down keeps every worker it hands off from until it stops the extra ones
+    down = plan_rescale("j", K, plan_assignment(K, 4), 4, 2, 2, "manual", now=0.0, standby=2)
+    down.phase = "handing_off"
+    back = Assignment(3, 2, tuple(plan_assignment(K, 2)))
+    assert workers_needed(back, down, standby=2) == set(range(6))
+    assert down.stop_workers == [4, 5]
+
+
 # -- scale to zero and wake -----------------------------------------------------------------
 
 

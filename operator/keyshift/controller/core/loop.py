@@ -68,18 +68,21 @@ def workers_needed(
 ) -> set[int]:
     """Ordinals that must be running (or restarting) now: the assignment's workers and
     ``standby`` more, which own nothing until a scale-up takes them (none while the job
-    is scaled to zero)."""
-    needed = (
-        set()
-        if assignment is None or assignment.parallelism == 0
-        else set(range(assignment.parallelism + standby))
-    )
-    if current is not None:
-        if current.phase in ("starting_workers", "publishing"):
-            needed |= set(range(current.from_parallelism))
-        elif current.phase == "handing_off":
+    is scaled to zero).
+
+    While a rescale starts its workers, publishes or hands off, the standby is the one
+    from before it: a scale-up that took standby workers refills the standby once its
+    handoffs are done, so that starting processes do not take CPU from the handoffs
+    (locally they share the machine; on Kubernetes, a node)."""
+    if current is not None and current.phase in ("starting_workers", "publishing", "handing_off"):
+        before = current.from_parallelism
+        needed = set(range(before + standby)) if before else set()
+        if current.phase == "handing_off":
             needed |= set(range(max(current.from_parallelism, current.to_parallelism)))
-    return needed
+        return needed
+    if assignment is None or assignment.parallelism == 0:
+        return set()
+    return set(range(assignment.parallelism + standby))
 
 
 class Controller:
