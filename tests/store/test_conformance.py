@@ -355,6 +355,35 @@ async def test_watchers_are_notified_of_each_new_generation(store: StateStore, j
     await watcher.aclose()
 
 
+async def test_an_announcement_carries_the_assignment(store: StateStore, job: str) -> None:
+    """A watcher takes a new assignment from its announcement, with no read that a busy
+    worker would wait for; an announcement of a generation alone (a controller before
+    this one) is followed by a read of the stored one."""
+    client = raw(store)
+    channel = keys.assignment_channel(job)
+    await store.publish_assignment(job, Assignment(1, 1, (0, 0)), expected_generation=0)
+    watcher = store.watch_assignment(job, poll_interval=30.0)
+    try:
+        assert (await asyncio.wait_for(anext(watcher), 5)).generation == 1
+        # announced and not stored: the watcher can only have it from the message
+        announced = asyncio.ensure_future(anext(watcher))
+        record = b'{"generation":2,"parallelism":2,"owners":[1,0],"forced":[1]}'
+        await client.execute_command("SPUBLISH", channel, record)
+        assert await asyncio.wait_for(announced, 5) == Assignment(2, 2, (1, 0), frozenset({1}))
+        # a bare generation: the stored assignment is read
+        stored = Assignment(3, 1, (0, 0))
+        await client.hset(
+            keys.assignment(job),
+            mapping={"generation": 3, "payload": b'{"generation":3,"parallelism":1,'
+                     b'"owners":[0,0],"forced":[]}'},
+        )  # fmt: skip
+        read = asyncio.ensure_future(anext(watcher))
+        await client.execute_command("SPUBLISH", channel, 3)
+        assert await asyncio.wait_for(read, 5) == stored
+    finally:
+        await watcher.aclose()
+
+
 async def test_watch_falls_back_to_polling(store: StateStore, job: str) -> None:
     """A generation written behind the notification's back is still seen."""
     client = raw(store)

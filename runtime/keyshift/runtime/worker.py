@@ -355,9 +355,18 @@ class Worker:
             )
             self.assignment = assignment
             self._assignment_seen_at = time.monotonic()
+            # releases first, now: on a busy worker the reconcile loop's turn comes later
+            self._request_releases(assignment)
             self._wake.set()
             for kg in list(self._claim_wakes):  # a claim by force does not wait for a poll
                 self._nudge_claimer(kg, "assignment")
+
+    def _request_releases(self, assignment: Assignment) -> None:
+        """Ask the runners of key groups that ``assignment`` gives to others to release."""
+        for kg, runner in self.runners.items():
+            if assignment.owners[kg] != self.ordinal and not runner.releasing:
+                log.info("releasing key group %d at generation %d", kg, assignment.generation)
+                runner.request_release(assignment.generation)
 
     def _nudge_claimer(self, kg: int, why: str) -> None:
         found = self._claim_wakes.get(kg)
@@ -389,10 +398,7 @@ class Worker:
         mine = set(assignment.owned_by(self.ordinal))
         if self._suspects:
             await self._release_stale(assignment, mine)
-        for kg, runner in self.runners.items():
-            if kg not in mine and not runner.releasing:
-                log.info("releasing key group %d at generation %d", kg, assignment.generation)
-                runner.request_release(assignment.generation)
+        self._request_releases(assignment)
         now = time.time()
         for kg in sorted(mine):
             if (

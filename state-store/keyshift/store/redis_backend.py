@@ -98,6 +98,27 @@ def pack_strings(values: Iterable[bytes]) -> bytes:
 _RAW_PACKER = msgpack.Packer(use_bin_type=False, autoreset=True)
 
 
+def _decode_assignment(raw: bytes) -> Assignment:
+    rec = msgspec.json.decode(raw, type=_AssignmentRecord)
+    return Assignment(
+        generation=rec.generation,
+        parallelism=rec.parallelism,
+        owners=tuple(rec.owners),
+        forced=frozenset(rec.forced),
+    )
+
+
+def _announced(data: object) -> Assignment | None:
+    """The assignment an announcement carries; None when it carries none (a generation
+    alone, as a controller before this one sent): the watcher reads the stored one."""
+    if not isinstance(data, bytes):
+        return None
+    try:
+        return _decode_assignment(data)
+    except msgspec.DecodeError:  # ValidationError included
+        return None
+
+
 KEY_GROUP_SCRIPTS = ("claim", "commit", "release", "load_key_group", "handoff_marks")
 """Scripts that read a key group's metadata: ``meta.lua`` (its checked reads) goes first."""
 
@@ -748,9 +769,10 @@ class RedisStateStore:
         if reply[0] != b"OK":
             raise StaleGeneration(job, expected_generation, int(reply[1]))
         channel = keys.assignment_channel(job)
+        # the message carries the record: a watcher takes it from there, without a read
         await self._retrying(
             "publish_assignment",
-            lambda: self._client.execute_command("SPUBLISH", channel, assignment.generation),
+            lambda: self._client.execute_command("SPUBLISH", channel, payload),
         )
 
     async def get_assignment(self, job: str) -> Assignment | None:
@@ -759,13 +781,7 @@ class RedisStateStore:
         )
         if raw is None:
             return None
-        rec = msgspec.json.decode(raw, type=_AssignmentRecord)
-        return Assignment(
-            generation=rec.generation,
-            parallelism=rec.parallelism,
-            owners=tuple(rec.owners),
-            forced=frozenset(rec.forced),
-        )
+        return _decode_assignment(raw)
 
     async def watch_assignment(
         self, job: str, *, poll_interval: float = 1.0
@@ -778,11 +794,14 @@ class RedisStateStore:
         channel = keys.assignment_channel(job)
         pubsub: Any = None
         last = 0
+        announced: Assignment | None = None
         try:
             while True:
                 if pubsub is None:
                     pubsub = await self._subscribe(channel)
-                current = await self.get_assignment(job)
+                # the announced record, or (none, or a poll's turn) the stored one
+                current = announced or await self.get_assignment(job)
+                announced = None
                 if current is not None and current.generation > last:
                     last = current.generation
                     yield current
@@ -791,16 +810,19 @@ class RedisStateStore:
                     continue
                 try:
                     if self.cluster:
-                        await pubsub.get_sharded_message(
+                        message = await pubsub.get_sharded_message(
                             ignore_subscribe_messages=True, timeout=poll_interval
                         )
                     else:
-                        await pubsub.get_message(
+                        message = await pubsub.get_message(
                             ignore_subscribe_messages=True, timeout=poll_interval
                         )
                 except TRANSIENT_ERRORS:
                     await self._close_pubsub(pubsub)
                     pubsub = None
+                else:
+                    if isinstance(message, dict):
+                        announced = _announced(message.get("data"))
         finally:
             if pubsub is not None:
                 await self._close_pubsub(pubsub)
