@@ -211,7 +211,10 @@ class LocalJob:
         self.store_url = store_url
         self.failover_after = failover_after
         self.run_dir = workdir / ".keyshift" / JOB
-        self.env = {**os.environ, "PYTHONPATH": str(REPO)}
+        # the repository (benchmarks.jobs, examples) and whatever the caller put on the
+        # path (a wheel's compiled modules, another checkout's sources)
+        path = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         self.process: asyncio.subprocess.Process | None = None
 
     def cli(self, *args: str) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 
-from keyshift.runtime.turns import Turns
+from keyshift.runtime.turns import HANDOFF_PRIORITY_SECONDS, Turns
 
 BATCH = 0.015
 """Seconds each simulated batch reports (the budget is 0.02: two batches per iteration)."""
@@ -76,3 +76,30 @@ async def test_a_paused_key_group_does_not_wait_its_turn() -> None:
     assert turns.may_work(2, urgent=True)  # just claimed: its handoff goes first
     turns.leave(1)  # idle now: it holds nobody up
     assert not turns._waiting
+
+
+async def test_a_handoff_shortens_the_slices_until_it_ends() -> None:
+    """While a key group is released or claimed here, every iteration runs one short batch,
+    so each step of the handoff (a store reply) waits one batch, not two."""
+    turns = Turns()
+    assert turns.batch_seconds(0.02) == 0.02
+    assert await batches_before_control(turns, 16) <= 2
+    turns.handoff_started(3)
+    assert turns.batch_seconds(0.02) == 0.005
+    assert await batches_before_control(turns, 16) <= 1
+    turns.handoff_started(3)  # the same handoff asked again: still one
+    turns.handoff_finished(3)
+    assert not turns.handoff_under_way()
+    assert turns.batch_seconds(0.02) == 0.02
+
+
+def test_a_handoff_that_lasts_stops_counting() -> None:
+    """An old owner slow to release does not keep this worker on short slices."""
+    now = [1000.0]
+    turns = Turns(clock=lambda: now[0])
+    turns.handoff_started(7)
+    now[0] += HANDOFF_PRIORITY_SECONDS - 0.1
+    assert turns.handoff_under_way()
+    now[0] += 0.2
+    assert not turns.handoff_under_way()
+    assert turns.batch_seconds(0.02) == 0.02

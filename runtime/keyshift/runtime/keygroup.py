@@ -624,6 +624,7 @@ class KeyGroupRunner:
         """Finish the batch, flush, commit, mark released at ``generation``, drop the cache."""
         if self.release_generation is None:
             self.handoff_marks = {"release_requested": time.time()}
+            self.deps.turns.handoff_started(self.key_group)
         self.release_generation = generation
         self._wake.set()
 
@@ -708,6 +709,7 @@ class KeyGroupRunner:
             raise
         finally:
             deps.turns.leave(kg)
+            deps.turns.handoff_finished(kg)  # released, or stopped trying
             deps.source.unassign(kg)
             deps.metrics.forget_key_group(kg)
 
@@ -800,6 +802,7 @@ class KeyGroupRunner:
         release, loaded the first batch's state and processed it (a diagnostic: the
         controller's rescale record shows it; a failure to record changes nothing)."""
         self._handoff_recorded = True
+        self.deps.turns.handoff_finished(self.key_group)  # claimed, loaded, processed
         marks = {**self.handoff_marks, "loaded": loaded}
         if first_batch is not None:
             marks["first_batch"] = first_batch
@@ -942,7 +945,7 @@ class KeyGroupRunner:
         outputs = deps.outputs
         offset = self.position
         done = 0
-        deadline = time.perf_counter() + BATCH_SECONDS
+        deadline = time.perf_counter() + deps.turns.batch_seconds(BATCH_SECONDS)
         timed = self.timed
         timestamp = deps.job.timestamp
         watermark = self.watermark

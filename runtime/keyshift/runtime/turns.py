@@ -10,21 +10,46 @@ the others give up their turn (they yield at once), the iteration ends, and the
 sockets are read.  Those that gave up a turn go first later, in the order they gave
 it up, so that nobody starves; a key group that has just been claimed, and so is
 paused, does not wait its turn (a handoff goes first).
+
+While a handoff is under way on the worker (a key group it releases, or one it waits to
+claim), the budget and each batch are shorter (``HANDOFF_BUDGET``): every step of a
+handoff is a round trip to the store whose reply waits for the iteration to end, so
+on a saturated worker a handoff of ten steps would otherwise wait ten full iterations.
+The key groups that stay keep running, in shorter slices.  A handoff counts for at
+most ``HANDOFF_PRIORITY_SECONDS``: one that waits longer (an old owner that is slow to
+release) does not keep the whole worker on short slices.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
+from collections.abc import Callable
 
 ITERATION_BUDGET = 0.02
 """Seconds of batches per event loop iteration (one iteration can run over by the
 batch in progress)."""
 
 
+HANDOFF_BUDGET = 0.005
+"""Seconds of batches per iteration, and at most per batch, while a handoff is under way."""
+HANDOFF_PRIORITY_SECONDS = 5.0
+"""How long one handoff keeps the short budget at most."""
+
+
 class Turns:
-    def __init__(self, budget: float = ITERATION_BUDGET) -> None:
+    def __init__(
+        self,
+        budget: float = ITERATION_BUDGET,
+        handoff_budget: float = HANDOFF_BUDGET,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.budget = budget
+        self.handoff_budget = handoff_budget
+        self._clock = clock
+        self._handoffs: dict[int, float] = {}
+        """Key groups in a handoff here (released or awaited), by when it started."""
         self._spent = 0.0
         self._tick_pending = False
         self._waiting: deque[int] = deque()
@@ -41,7 +66,8 @@ class Turns:
         waiting = self._waiting
         if urgent:
             return True
-        if self._spent < self.budget and (not waiting or waiting[0] == key_group):
+        budget = self.handoff_budget if self.handoff_under_way() else self.budget
+        if self._spent < budget and (not waiting or waiting[0] == key_group):
             if waiting:
                 waiting.popleft()
             return True
@@ -49,6 +75,29 @@ class Turns:
             waiting.append(key_group)
         self.given_up += 1
         return False
+
+    def handoff_started(self, key_group: int) -> None:
+        """``key_group`` is being released here, or claimed: short slices for everyone."""
+        self._handoffs.setdefault(key_group, self._clock())
+
+    def handoff_finished(self, key_group: int) -> None:
+        self._handoffs.pop(key_group, None)
+
+    def handoff_under_way(self) -> bool:
+        """Whether a handoff started here less than ``HANDOFF_PRIORITY_SECONDS`` ago
+        is still under way (older ones are forgotten: they no longer count)."""
+        if not self._handoffs:
+            return False
+        oldest = self._clock() - HANDOFF_PRIORITY_SECONDS
+        for key_group, started in list(self._handoffs.items()):
+            if started < oldest:
+                del self._handoffs[key_group]
+        return bool(self._handoffs)
+
+    def batch_seconds(self, normal: float) -> float:
+        """How long one batch may run now: ``normal``, or the short budget during a
+        handoff."""
+        return min(normal, self.handoff_budget) if self.handoff_under_way() else normal
 
     def worked(self, seconds: float) -> None:
         """A batch took ``seconds`` of this iteration's budget."""

@@ -355,8 +355,11 @@ class Worker:
             )
             self.assignment = assignment
             self._assignment_seen_at = time.monotonic()
-            # releases first, now: on a busy worker the reconcile loop's turn comes later
+            # releases and claims start now: on a busy worker the reconcile loop's turn
+            # comes later
             self._request_releases(assignment)
+            if self._deps is not None:
+                self._start_claimers(assignment)
             self._wake.set()
             for kg in list(self._claim_wakes):  # a claim by force does not wait for a poll
                 self._nudge_claimer(kg, "assignment")
@@ -367,6 +370,18 @@ class Worker:
             if assignment.owners[kg] != self.ordinal and not runner.releasing:
                 log.info("releasing key group %d at generation %d", kg, assignment.generation)
                 runner.request_release(assignment.generation)
+
+    def _start_claimers(self, assignment: Assignment) -> None:
+        """A claimer for each key group ``assignment`` gives here that has neither a runner
+        nor a claimer (and is not backing off after a store failure)."""
+        now = time.time()
+        for kg in assignment.owned_by(self.ordinal):
+            if (
+                kg not in self.runners
+                and kg not in self._claimers
+                and not self.store_failures.waiting(kg, now)
+            ):
+                self._claimers[kg] = asyncio.create_task(self._claim(kg), name=f"claim-{kg}")
 
     def _nudge_claimer(self, kg: int, why: str) -> None:
         found = self._claim_wakes.get(kg)
@@ -399,14 +414,7 @@ class Worker:
         if self._suspects:
             await self._release_stale(assignment, mine)
         self._request_releases(assignment)
-        now = time.time()
-        for kg in sorted(mine):
-            if (
-                kg not in self.runners
-                and kg not in self._claimers
-                and not self.store_failures.waiting(kg, now)
-            ):
-                self._claimers[kg] = asyncio.create_task(self._claim(kg), name=f"claim-{kg}")
+        self._start_claimers(assignment)
         for kg, runner in self.runners.items():
             if runner.confirmed and self.store_failures.clear(kg):
                 log.info("key group %d runs again", kg)
@@ -493,6 +501,11 @@ class Worker:
 
     async def _claim(self, kg: int) -> None:
         assert self._deps is not None
+        turns = self._deps.turns
+        # short slices for the key groups here until the new runner's first batch (it
+        # ends the handoff) or until this claimer gives up
+        turns.handoff_started(kg)
+        runner: KeyGroupRunner | None = None
         wake = asyncio.Event()
         reasons: list[str] = []
         self._claim_wakes[kg] = (wake, reasons)
@@ -556,6 +569,8 @@ class Worker:
                 via = reasons[-1] if woken and reasons else "polled"
                 reasons.clear()
         finally:
+            if runner is None:
+                turns.handoff_finished(kg)
             self._claim_wakes.pop(kg, None)
             if listener is not None:
                 listener.cancel()
