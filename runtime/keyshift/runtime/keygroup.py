@@ -593,6 +593,13 @@ class KeyGroupRunner:
         """The last batch (or timer) stopped at its first record for state not loaded: the
         next load keeps the stamp of the last, so that what both load stays in the cache
         together (a batch whose state is larger than the cache still progresses)."""
+        self._loaded_entries: dict[str, list[bytes]] = {}
+        self._loaded_listings: set[tuple[str, bytes]] = set()
+        """The entries and map listings the last load was asked for.  When its batch did
+        nothing (``_load_again``), other key groups ran before the next load and may have
+        evicted them: the next load asks for them again with what is newly wanted, so that
+        the first record's whole state comes in one load (two key groups sharing a cache
+        too small for both could otherwise evict each other's forever)."""
         self._entry_states = deps.job.entry_states
         self._keyed_states = [s.name for s in deps.job.states if not isinstance(s, MapState)]
         """The states with a value per key (a map has entries only; a list, its length)."""
@@ -833,12 +840,18 @@ class KeyGroupRunner:
         unique = list(dict.fromkeys(key_bytes))  # a hot key once per batch
         keyed = self._keyed_states
         entries: dict[str, list[bytes]] = ctx.wanted_entries
-        listings = sorted(ctx.wanted_listings)
+        wanted_listings = ctx.wanted_listings
         ctx.wanted_entries, ctx.wanted_listings = {}, set()
         if self._load_again:  # nothing done since the last load: spare what it loaded too
             self._load_again = False
+            for state, again in self._loaded_entries.items():
+                entries[state] = list(dict.fromkeys([*again, *entries.get(state, ())]))
+            wanted_listings |= self._loaded_listings
         else:
             ctx.stamp = cache.new_stamp()
+        self._loaded_entries = {state: list(slot_keys) for state, slot_keys in entries.items()}
+        self._loaded_listings = set(wanted_listings)
+        listings = sorted(wanted_listings)
         stamp = ctx.stamp
         waited = 0.0
         for round_ in range(LOAD_ROUNDS):
