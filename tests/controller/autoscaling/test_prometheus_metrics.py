@@ -543,14 +543,14 @@ async def test_handoff_through_prometheus(
         # counted once (not 200 from two workers, nor 50). One key group's rate over a
         # few scrapes jitters more than the sum's on a loaded machine: the fake computes
         # its offsets when the scrape is served, not at the scrape's timestamp, and the
-        # moved key group's max over two workers' series takes both delays (82 records/s
-        # seen under load). Within 25%: still far from 50 and 200.
+        # moved key group's max over two workers' series takes both delays (82 and 73
+        # records/s seen under load). Within 30%: still far from 50 and 200.
         for got in seen:
-            assert got.arrival_by_key_group == pytest.approx(dict.fromkeys(range(8), 100), rel=0.25)
+            assert got.arrival_by_key_group == pytest.approx(dict.fromkeys(range(8), 100), rel=0.3)
             assert got.processed_by_key_group == pytest.approx(
-                dict.fromkeys(range(8), 100), rel=0.25
+                dict.fromkeys(range(8), 100), rel=0.3
             )
-            assert key_group_load(got, 8) == pytest.approx((100,) * 8, rel=0.25)
+            assert key_group_load(got, 8) == pytest.approx((100,) * 8, rel=0.3)
 
         # Overrides: one answering nothing is missing; one that does not parse fails.
         overrides = QueriesSpec.model_validate(
