@@ -849,8 +849,9 @@ class KeyGroupRunner:
             wanted_listings |= self._loaded_listings
         else:
             ctx.stamp = cache.new_stamp()
-        self._loaded_entries = {state: list(slot_keys) for state, slot_keys in entries.items()}
-        self._loaded_listings = set(wanted_listings)
+        # the lists are replaced below, never changed in place: the dict's copy is enough
+        self._loaded_entries = dict(entries)
+        self._loaded_listings = wanted_listings
         listings = sorted(wanted_listings)
         stamp = ctx.stamp
         waited = 0.0
