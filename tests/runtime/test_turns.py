@@ -12,25 +12,31 @@ BATCH = 0.015
 """Seconds each simulated batch reports (the budget is 0.02: two batches per iteration)."""
 
 
-async def run_busy(turns: Turns, key_groups: int, log: list[int], stop: asyncio.Event) -> None:
-    """Key groups that always have records: a batch whenever they may."""
+async def run_busy(
+    turns: Turns, key_groups: int, log: list[int], stop: asyncio.Event, *, remote: bool = False
+) -> None:
+    """Key groups that always have records: a batch whenever they may. ``remote``: each
+    batch first loads its state from the store, its records processed when the reply
+    comes (an iteration later)."""
 
     async def runner(kg: int) -> None:
         while not stop.is_set():
             if turns.may_work(kg):
+                if remote:
+                    await asyncio.sleep(0)  # the load's round trip
                 log.append(kg)
-                turns.worked(BATCH)
+                turns.worked(kg, BATCH)
             await asyncio.sleep(0)
 
     await asyncio.gather(*(runner(kg) for kg in range(key_groups)))
 
 
-async def batches_before_control(turns: Turns, key_groups: int) -> int:
+async def batches_before_control(turns: Turns, key_groups: int, *, remote: bool = False) -> int:
     """How many batches run between a control callback's scheduling (as a socket's
     reply is, after the loop's poll) and its run, with every key group busy."""
     log: list[int] = []
     stop = asyncio.Event()
-    busy = asyncio.create_task(run_busy(turns, key_groups, log, stop))
+    busy = asyncio.create_task(run_busy(turns, key_groups, log, stop, remote=remote))
     for _ in range(50):  # let the turns settle into their steady order
         await asyncio.sleep(0)
     loop = asyncio.get_running_loop()
@@ -48,6 +54,17 @@ async def test_control_work_waits_about_one_batch_however_many_key_groups() -> N
     assert with_turns <= 2
     # without a budget it waits for every key group's batch (what Turns is for)
     assert await batches_before_control(Turns(budget=math.inf), 16) >= 15
+
+
+async def test_batches_that_wait_for_the_store_count_where_they_start() -> None:
+    """With a remote store a batch's records are processed an iteration after it starts
+    (its state's load): charged only then, every key group's batch would start in one
+    iteration and be processed in the next, all of them before the control work."""
+    assert await batches_before_control(Turns(), 16, remote=True) <= 3
+    assert await batches_before_control(Turns(), 16) <= 2  # a local store: as before
+    turns = Turns()
+    turns.handoff_started(3)
+    assert await batches_before_control(turns, 16, remote=True) <= 2
 
 
 async def test_every_busy_key_group_gets_its_turn_in_order() -> None:
@@ -70,7 +87,8 @@ async def test_every_busy_key_group_gets_its_turn_in_order() -> None:
 
 async def test_a_paused_key_group_does_not_wait_its_turn() -> None:
     turns = Turns()
-    turns.worked(1.0)  # this iteration's budget is spent
+    assert turns.may_work(0)
+    turns.worked(0, 1.0)  # this iteration's budget is spent
     turns._tick_pending = True  # and no new one yet
     assert not turns.may_work(1)
     assert turns.may_work(2, urgent=True)  # just claimed: its handoff goes first

@@ -794,7 +794,7 @@ class KeyGroupRunner:
         finally:
             busy = time.perf_counter() - started - waited - waited_timers
             deps.metrics.busy_seconds.inc(max(0.0, busy))
-            deps.turns.worked(busy)
+            deps.turns.worked(kg, busy)
         deps.metrics.records_processed.inc(done)
         if not self._handoff_recorded:
             await self._record_handoff(loaded, time.time())

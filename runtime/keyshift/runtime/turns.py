@@ -11,6 +11,12 @@ sockets are read.  Those that gave up a turn go first later, in the order they g
 it up, so that nobody starves; a key group that has just been claimed, and so is
 paused, does not wait its turn (a handoff goes first).
 
+A batch is charged to the iteration that lets it start, at what the key group's last
+batch took: with a remote store a batch starts by loading its state, and its records
+are processed an iteration or more later, when the reply has come. Charged only when
+they finish, the batches of every key group would start in one iteration (none had
+finished yet) and all be processed in the next, which then ran for all of them.
+
 While a handoff is under way on the worker (a key group it releases, or one it waits to
 claim), the budget and each batch are shorter (``HANDOFF_BUDGET``): every step of a
 handoff is a round trip to the store whose reply waits for the iteration to end, so
@@ -52,6 +58,12 @@ class Turns:
         """Key groups in a handoff here (released or awaited), by when it started."""
         self._spent = 0.0
         self._tick_pending = False
+        self._iteration = 0
+        self._estimates: dict[int, float] = {}
+        """Per key group, the seconds its last batch took: what its next one is charged."""
+        self._charged: dict[int, tuple[int, float]] = {}
+        """Per key group with a batch started: the iteration that started it, and the
+        seconds charged to it then."""
         self._waiting: deque[int] = deque()
         """Key groups that gave up a turn, in order: the first goes first."""
         self.given_up = 0
@@ -65,11 +77,13 @@ class Turns:
             asyncio.get_running_loop().call_soon(self._tick)
         waiting = self._waiting
         if urgent:
+            self._charge(key_group)
             return True
         budget = self.handoff_budget if self.handoff_under_way() else self.budget
         if self._spent < budget and (not waiting or waiting[0] == key_group):
             if waiting:
                 waiting.popleft()
+            self._charge(key_group)
             return True
         if key_group not in waiting:
             waiting.append(key_group)
@@ -99,17 +113,29 @@ class Turns:
         handoff."""
         return min(normal, self.handoff_budget) if self.handoff_under_way() else normal
 
-    def worked(self, seconds: float) -> None:
-        """A batch took ``seconds`` of this iteration's budget."""
-        self._spent += seconds
+    def _charge(self, key_group: int) -> None:
+        """``key_group`` starts a batch: this iteration's budget pays what its last took."""
+        estimate = self._estimates.get(key_group, 0.0)
+        self._spent += estimate
+        self._charged[key_group] = (self._iteration, estimate)
+
+    def worked(self, key_group: int, seconds: float) -> None:
+        """``key_group``'s batch took ``seconds`` (records processed, store waits not
+        counted): this iteration's budget pays them, less what it was charged at the
+        start if that was in this iteration too."""
+        started, charged = self._charged.pop(key_group, (-1, 0.0))
+        self._spent += seconds - charged if started == self._iteration else seconds
+        self._estimates[key_group] = seconds
 
     def leave(self, key_group: int) -> None:
         """``key_group`` has nothing to do (idle, released, stopped): it waits for nothing."""
         if key_group in self._waiting:
             self._waiting.remove(key_group)
+        self._charged.pop(key_group, None)
 
     def _tick(self) -> None:
         """Runs at the start of the loop iteration after the one that first asked: a new
         budget (the sockets were read in between)."""
         self._tick_pending = False
         self._spent = 0.0
+        self._iteration += 1
