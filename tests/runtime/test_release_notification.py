@@ -4,7 +4,8 @@ A worker waits to claim key groups that a stand-in old owner (the test) holds; i
 claim poll is an hour long, so only the release's notification can make the claim
 prompt. A release whose notification is lost still ends in a claim through the
 (here shortened) poll. Against Valkey/Redis standalone, a real Redis Cluster (sharded
-pub/sub on the key group's slot) and the in-process MemoryStore.
+pub/sub on the job's slot, published by the releaser after its script) and the
+in-process MemoryStore.
 """
 
 from __future__ import annotations
@@ -58,8 +59,11 @@ async def waiting_worker(
     )  # fmt: skip
     task = asyncio.create_task(worker.run())
     try:
-        await wait_for(lambda: worker.release_watches == set(range(KEY_GROUPS)), 20,
-                       "the worker to subscribe to both releases")  # fmt: skip
+        await wait_for(
+            lambda: worker.releases_subscribed and worker.release_waits == set(range(KEY_GROUPS)),
+            20,
+            "the worker to subscribe to the job's releases and wait for both",
+        )
         yield worker, held
     finally:
         worker.stop()
@@ -84,7 +88,7 @@ async def test_the_claim_follows_the_release_without_waiting_for_the_poll(
             info = await worker_store.key_group_info(job, kg)
             assert info.claimed_at is not None and info.claimed_at >= released_at
         await wait_for(
-            lambda: worker.acked_generation == 1 and worker.release_watches == set(),
+            lambda: worker.acked_generation == 1 and worker.release_waits == set(),
             10,
             "the worker to run generation 1",
         )
@@ -123,4 +127,5 @@ async def test_a_lost_notification_still_ends_in_a_claim_by_the_poll(
         await wait_for(lambda: has_mark(worker_store, job, 0, "loaded"), 10,
                        "the new owner's handoff marks")  # fmt: skip
         assert (await worker_store.key_group_info(job, 0)).claim_via == "polled"
-        assert worker.release_watches == {1}  # still waiting, subscribed, for the other
+        assert worker.release_waits == {1}  # still waiting, subscribed, for the other
+        assert worker.releases_subscribed

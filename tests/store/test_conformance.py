@@ -580,27 +580,37 @@ async def test_release_reports_the_stored_sequence(store: StateStore, job: str) 
 # -- release notifications and handoff marks: both backends of the worker's store ----------
 
 
-async def test_a_release_notifies_its_watchers_at_once(worker_store: Any, job: str) -> None:
+async def test_a_release_is_announced_to_every_watcher_of_its_job(
+    worker_store: Any, job: str
+) -> None:
     old = await worker_store.claim(job, 5, "old", generation=1)
-    watch = worker_store.watch_release(job, 5)
-    other = worker_store.watch_release(job, 6)
+    other_job = f"{job}-other"
+    await worker_store.init_job(other_job, 8)
+    watch = worker_store.watch_releases(job)
+    second = worker_store.watch_releases(job)  # another worker of the job
+    other = worker_store.watch_releases(other_job)
     try:
-        await asyncio.wait_for(anext(watch), 10)  # subscribed
-        await asyncio.wait_for(anext(other), 10)
+        for subscription in (watch, second, other):
+            assert await asyncio.wait_for(anext(subscription), 10) is None  # subscribed
         notified = asyncio.ensure_future(anext(watch))
+        also = asyncio.ensure_future(anext(second))
         elsewhere = asyncio.ensure_future(anext(other))
         await worker_store.release(job, 5, epoch=old.epoch, token=old.token, generation=2)
-        await asyncio.wait_for(notified, 5)  # no poll here: only the notification wakes it
-        assert not elsewhere.done()  # another key group's watcher hears nothing
+        # no poll here: only the notification wakes them, with the key group's number
+        assert await asyncio.wait_for(notified, 5) == 5
+        assert await asyncio.wait_for(also, 5) == 5
+        assert not elsewhere.done()  # another job's watcher hears nothing
         elsewhere.cancel()
-        # a later release is announced too
+        # a later release is announced too, and a retried release again (harmless)
         again = await worker_store.claim(job, 5, "new", generation=2)
-        notified = asyncio.ensure_future(anext(watch))
         await worker_store.release(job, 5, epoch=again.epoch, token=again.token, generation=3)
-        await asyncio.wait_for(notified, 5)
+        assert await asyncio.wait_for(anext(watch), 5) == 5
+        released = await worker_store.claim(job, 6, "w", generation=3)
+        await worker_store.release(job, 6, epoch=released.epoch, token=released.token, generation=4)
+        assert await asyncio.wait_for(anext(watch), 5) == 6
     finally:
-        await watch.aclose()
-        await other.aclose()
+        for subscription in (watch, second, other):
+            await subscription.aclose()
 
 
 async def test_handoff_marks_are_kept_per_release_and_per_claim(

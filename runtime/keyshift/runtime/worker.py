@@ -105,8 +105,10 @@ class Worker:
         self.claim_poll_seconds = claim_poll_seconds
         self._claim_wakes: dict[int, tuple[asyncio.Event, list[str]]] = {}
         """Per waiting claimer: its wake-up and why it was woken (``notified``, ...)."""
-        self.release_watches: set[int] = set()
-        """Key groups whose release this worker is subscribed to (it waits to claim them)."""
+        self.releases_subscribed = False
+        """Whether the job's release notifications reach this worker now."""
+        self.release_waits: set[int] = set()
+        """Key groups this worker waits to claim: their previous owner holds them still."""
         self.assignment: Assignment | None = None
         self.acked_generation = 0
         self.runners: dict[int, KeyGroupRunner] = {}
@@ -239,6 +241,8 @@ class Worker:
             idle_timeout=spec.time.idle_timeout,
         )
         helpers = [
+            # subscribed before the first claim, and for good: no handoff waits for it
+            asyncio.create_task(self._listen_releases(), name="release-watch"),
             asyncio.create_task(self._watch(), name="assignment-watch"),
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
         ]
@@ -509,7 +513,6 @@ class Worker:
         wake = asyncio.Event()
         reasons: list[str] = []
         self._claim_wakes[kg] = (wake, reasons)
-        listener: asyncio.Task[None] | None = None
         via = "found"  # how it learned it may claim: a first look finds it released
         learned = time.time()
         try:
@@ -550,10 +553,7 @@ class Worker:
                             kg, claim.epoch, claim.position, via,
                         )  # fmt: skip
                         return
-                    if listener is None:  # not released yet: hear of the release at once
-                        listener = asyncio.create_task(
-                            self._listen_release(kg), name=f"release-watch-{kg}"
-                        )
+                    self.release_waits.add(kg)  # not released yet: the notification wakes it
                 except StoreUnavailable as exc:
                     log.warning("claiming key group %d: %s", kg, exc)
                     delay = CLAIM_RETRY_SECONDS
@@ -572,30 +572,32 @@ class Worker:
             if runner is None:
                 turns.handoff_finished(kg)
             self._claim_wakes.pop(kg, None)
-            if listener is not None:
-                listener.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await listener
+            self.release_waits.discard(kg)
             self._claimers.pop(kg, None)
             self._wake.set()
 
-    async def _listen_release(self, kg: int) -> None:
-        """Wake the claimer of ``kg`` when the store announces its release (and once the
-        subscription stands: a release just before it has no notification)."""
-        first = True
-        watch = self.store.watch_release(self.job_name, kg)
-        try:
-            async for _ in watch:
-                self.release_watches.add(kg)
-                self._nudge_claimer(kg, "subscribed" if first else "notified")
-                first = False
-        except StoreError as exc:  # the claimer's poll covers
-            log.info("release notifications of key group %d: %s", kg, exc)
-        finally:
-            self.release_watches.discard(kg)
-            aclose = getattr(watch, "aclose", None)  # its subscription ends now, not later
-            if aclose is not None:
-                await aclose()
+    async def _listen_releases(self) -> None:
+        """Wake the claimer of each key group whose release the store announces, and every
+        claimer when the subscription (again) stands: a release just before it has no
+        notification."""
+        while not self._stop.is_set():
+            watch = self.store.watch_releases(self.job_name)
+            try:
+                async for kg in watch:
+                    if kg is None:
+                        self.releases_subscribed = True
+                        for waiting in list(self._claim_wakes):
+                            self._nudge_claimer(waiting, "subscribed")
+                    else:
+                        self._nudge_claimer(kg, "notified")
+            except StoreError as exc:  # the claimers' poll covers
+                log.info("release notifications: %s; subscribing again", exc)
+            finally:
+                self.releases_subscribed = False
+                aclose = getattr(watch, "aclose", None)  # its subscription ends now, not later
+                if aclose is not None:
+                    await aclose()
+            await wait_event(self._stop, 1.0)
 
 
 def _error_type(failure: Failure) -> str:

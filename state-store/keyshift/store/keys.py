@@ -41,10 +41,10 @@ def timers(job: str, key_group: int, queue: str) -> str:
     return f"{PREFIX}:{key_group_tag(job, key_group)}:t:{queue}"
 
 
-def release_channel(job: str, key_group: int) -> str:
-    """Sharded pub/sub channel on which a key group's release is announced (same slot as
-    its keys: the release script publishes it, the waiting new owner subscribes)."""
-    return f"{PREFIX}:{key_group_tag(job, key_group)}:released"
+def releases_channel(job: str) -> str:
+    """Sharded pub/sub channel on which every key group's release is announced (the
+    message: the key group's number); each worker subscribes once, for its life."""
+    return f"{PREFIX}:{{{job}}}:released"
 
 
 def job_info(job: str) -> str:

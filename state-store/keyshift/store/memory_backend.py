@@ -137,7 +137,7 @@ class MemoryStore:
         self._groups: dict[tuple[str, int], _KeyGroup] = {}
         self._assignments: dict[str, Assignment] = {}
         self._changed = asyncio.Condition()
-        self._release_watchers: dict[tuple[str, int], set[asyncio.Queue[None]]] = {}
+        self._release_watchers: dict[str, set[asyncio.Queue[int]]] = {}
         self.acks: dict[str, dict[str, int]] = {}
         """Each job's :meth:`worker_generations`."""
         self.alive: dict[str, dict[str, float]] = {}
@@ -301,23 +301,22 @@ class MemoryStore:
         kg.released_generation = generation
         kg.released_at = time.time()
         kg.release_marks = {name: float(at) for name, at in (marks or {}).items()}
-        for queue in self._release_watchers.get((job, key_group), ()):
-            queue.put_nowait(None)
+        for queue in self._release_watchers.get(job, ()):
+            queue.put_nowait(key_group)
         return kg.seq
 
-    async def watch_release(self, job: str, key_group: int) -> AsyncGenerator[None, None]:
-        queue: asyncio.Queue[None] = asyncio.Queue()
-        watchers = self._release_watchers.setdefault((job, key_group), set())
+    async def watch_releases(self, job: str) -> AsyncGenerator[int | None, None]:
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        watchers = self._release_watchers.setdefault(job, set())
         watchers.add(queue)
         try:
-            yield  # subscribed
+            yield None  # subscribed
             while True:
-                await queue.get()
-                yield
+                yield await queue.get()
         finally:
             watchers.discard(queue)
             if not watchers:
-                self._release_watchers.pop((job, key_group), None)
+                self._release_watchers.pop(job, None)
 
     async def record_handoff(
         self,

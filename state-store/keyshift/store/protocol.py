@@ -392,7 +392,7 @@ class StateStore(Protocol):
         marks: Mapping[str, float] | None = None,
     ) -> int:
         """Give the key group up at ``generation``; later commits with this fence fail.
-        Watchers of the key group's release (:meth:`watch_release`) are notified.
+        Watchers of the job's releases (:meth:`watch_releases`) are notified.
 
         Returns the stored commit sequence: when it is not ``seq`` (if given), the store
         lost acknowledged commits of the releaser; the next owner resumes from what the
@@ -401,14 +401,15 @@ class StateStore(Protocol):
         release's in :attr:`KeyGroupInfo.release_marks`."""
         ...
 
-    def watch_release(self, job: str, key_group: int) -> AsyncGenerator[None, None]:
-        """Yield once subscribed to the key group's release notifications, then once per
-        release (and once after each resubscription).
+    def watch_releases(self, job: str) -> AsyncGenerator[int | None, None]:
+        """Yield None once subscribed to the job's release notifications (and again after
+        each resubscription), then the key group of each release.
 
-        How a new owner waiting for the previous owner's release learns of it at once.
+        How a new owner waiting for the previous owner's release learns of it at once: a
+        worker subscribes once, for its life, so that no handoff waits for a subscription.
         Best effort: a notification can be lost (a dropped connection, a failover), so
-        the waiter also looks at the store now and then; it looks once more at the
-        first yield (a release before the subscription has no notification for it)."""
+        the waiter also looks at the store now and then, and once more at each None (a
+        release before the subscription has no notification for it)."""
         ...
 
     async def record_handoff(

@@ -123,6 +123,16 @@ KEY_GROUP_SCRIPTS = ("claim", "commit", "release", "load_key_group", "handoff_ma
 """Scripts that read a key group's metadata: ``meta.lua`` (its checked reads) goes first."""
 
 
+def _released_key_group(data: object) -> int | None:
+    """The key group a release message names (None: not a release message)."""
+    if not isinstance(data, (bytes, str)):
+        return None
+    try:
+        return int(data)
+    except ValueError:
+        return None
+
+
 def _load_script(name: str) -> str:
     scripts = resources.files("keyshift.store").joinpath("scripts")
     text = scripts.joinpath(f"{name}.lua").read_text()
@@ -491,8 +501,10 @@ class RedisStateStore:
         seq: int = -1,
         marks: Mapping[str, float] | None = None,
     ) -> int:
+        channel = keys.releases_channel(job)
         args: list[Any] = [
-            epoch, token, generation, repr(time.time()), keys.release_channel(job, key_group)
+            epoch, token, generation, repr(time.time()), "" if self.cluster else channel,
+            key_group,
         ]  # fmt: skip
         for name, at in (marks or {}).items():
             args += [name, repr(float(at))]
@@ -507,6 +519,11 @@ class RedisStateStore:
                 expected_seq=seq,
                 stored_seq=int(reply[3]),
             )
+        if self.cluster:  # the script could not publish on the job's slot: announce it here
+            try:
+                await self._client.execute_command("SPUBLISH", channel, key_group)
+            except (rexc.RedisError, OSError) as exc:  # best effort: the new owner's poll covers
+                log.info("release of key group %d not announced: %s", key_group, exc)
         return int(reply[1])
 
     async def record_handoff(
@@ -527,11 +544,11 @@ class RedisStateStore:
         )
         return bool(int(reply))
 
-    async def watch_release(self, job: str, key_group: int) -> AsyncGenerator[None, None]:
-        """Subscribe (sharded: SSUBSCRIBE on the node serving the key group's slot) to the
-        release channel the release script publishes on; yield once subscribed, then per
-        message.  A subscription that fails or breaks is made again (and yields again)."""
-        channel = keys.release_channel(job, key_group)
+    async def watch_releases(self, job: str) -> AsyncGenerator[int | None, None]:
+        """Subscribe (sharded: SSUBSCRIBE on the node serving the job's slot) to the job's
+        release channel; yield None once subscribed, then the key group of each message.
+        A subscription that fails or breaks is made again (and yields None again)."""
+        channel = keys.releases_channel(job)
         while True:
             pubsub = await self._subscribe(channel)
             if pubsub is None:
@@ -541,13 +558,15 @@ class RedisStateStore:
                 if not await self._subscribed(pubsub, channel):
                     await asyncio.sleep(RESUBSCRIBE_SECONDS)
                     continue
-                yield  # subscribed: a release from now on is announced
+                yield None  # subscribed: a release from now on is announced
                 while True:
                     message = await self._message(pubsub, wait=RESUBSCRIBE_SECONDS)
                     if message is None:
                         continue
                     if message.get("type") in ("smessage", "message"):
-                        yield
+                        key_group = _released_key_group(message.get("data"))
+                        if key_group is not None:
+                            yield key_group
                     elif message.get("type") == "sunsubscribe":
                         break  # the slot moved (a failover): subscribe again
             except TRANSIENT_ERRORS:

@@ -1,6 +1,7 @@
 -- Release a key group at a generation, if the fence matches, and announce it.
--- KEYS[1] meta hash;  ARGV epoch, token, generation, now (unix seconds), release channel,
--- then the releaser's handoff marks as name, unix time pairs (stored as 'r:<name>').
+-- KEYS[1] meta hash;  ARGV epoch, token, generation, now (unix seconds), the job's
+-- release channel ('' on a cluster: the caller publishes), the key group's number, then
+-- the releaser's handoff marks as name, unix time pairs (stored as 'r:<name>').
 -- Returns {'OK', stored_seq} or {'FENCED', 'epoch', stored_epoch, stored_seq}: the caller
 -- compares stored_seq with its own, to see commits the store lost before the release.
 local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'seq', 'released_generation')
@@ -21,10 +22,13 @@ local fields = redis.call('HKEYS', KEYS[1])
 for _, field in ipairs(fields) do
   if string.sub(field, 1, 2) == 'r:' then redis.call('HDEL', KEYS[1], field) end
 end
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   redis.call('HSET', KEYS[1], 'r:' .. ARGV[i], ARGV[i + 1])
 end
--- the waiting new owner learns of it at once (sharded: the channel has the key group's
--- hash tag, so it is served by the node holding KEYS[1]); a lost message costs a poll
-redis.call('SPUBLISH', ARGV[5], ARGV[3])
+-- the waiting new owner learns of it at once; a lost message costs a poll. On a cluster
+-- the job's channel may live on another node than KEYS[1] (a script touches one slot):
+-- there the caller publishes once this returns
+if ARGV[5] ~= '' then
+  redis.call('SPUBLISH', ARGV[5], ARGV[6])
+end
 return {'OK', seq}
