@@ -26,6 +26,7 @@ from keyshift.store import (
     Timer,
     TimerChanges,
     keys,
+    open_store,
 )
 from keyshift.store.savepoint import export_job, import_job
 
@@ -564,6 +565,33 @@ async def test_check_fence_confirms_or_fences(store: StateStore, job: str) -> No
     with pytest.raises(Fenced) as claimed:
         await store.check_fence(job, 0, epoch=c.epoch, token=c.token, seq=1)
     assert claimed.value.reason == "epoch"
+
+
+async def test_warming_opens_the_connections_a_handoff_would_open(
+    worker_store: Any, job: str
+) -> None:
+    """A worker warms its store at start: a handoff's claims and first loads, which run at
+    once, then find their connections open instead of each opening one."""
+    await worker_store.init_job(job, 8)
+    if not isinstance(worker_store, RedisStateStore) or worker_store.cluster:
+        await worker_store.warm(6)  # nothing to open ahead here: harmless
+        assert (await worker_store.key_group_info(job, 0)).owner == ""
+        return
+    observer = worker_store._client  # on a connection of its own pool
+
+    async def clients() -> int:
+        return int((await observer.info("clients"))["connected_clients"])
+
+    fresh = open_store(worker_store.url)
+    try:
+        before = await clients()
+        await fresh.warm(6)
+        warmed = await clients()
+        assert warmed - before == 6
+        await asyncio.gather(*(fresh.key_group_info(job, kg) for kg in range(6)))
+        assert await clients() == warmed  # the six calls at once opened none
+    finally:
+        await fresh.close()
 
 
 async def test_release_reports_the_stored_sequence(store: StateStore, job: str) -> None:

@@ -162,6 +162,9 @@ class MemoryStore:
     async def close(self) -> None:
         return None
 
+    async def warm(self, connections: int) -> None:
+        return None  # no connections
+
     async def eviction_policy(self) -> str | None:
         return "noeviction"  # nothing is ever evicted from a dict
 

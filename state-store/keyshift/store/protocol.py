@@ -318,6 +318,12 @@ class StateStore(Protocol):
     # -- lifecycle ---------------------------------------------------------
     async def ping(self) -> None: ...
     async def close(self) -> None: ...
+    async def warm(self, connections: int) -> None:
+        """Open up to ``connections`` connections ahead of need (best effort): a worker's
+        claims and first loads in a handoff run at once, and each would otherwise open
+        its own (a connect and a handshake round trip on a busy worker)."""
+        ...
+
     async def eviction_policy(self) -> str | None:
         """The store's ``maxmemory-policy`` (on a cluster: an evicting one if any master
         has one), or None when the store does not say (CONFIG disabled)."""

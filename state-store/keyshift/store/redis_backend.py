@@ -311,6 +311,19 @@ class RedisStateStore:
     async def ping(self) -> None:
         await self._retrying("ping", self._client.ping)
 
+    async def warm(self, connections: int) -> None:
+        """Standalone: connect ``connections`` of the pool at once, then give them back.
+        A cluster client keeps a pool per node, filled as commands reach it: nothing."""
+        if self.cluster:
+            return
+        pool = self._client.connection_pool
+        opened = await asyncio.gather(
+            *(pool.get_connection() for _ in range(connections)), return_exceptions=True
+        )
+        for connection in opened:
+            if not isinstance(connection, BaseException):
+                await pool.release(connection)
+
     async def close(self) -> None:
         await self._client.aclose()
 
