@@ -62,3 +62,40 @@ def test_availability_follows_the_rate_from_the_job_start_and_stops_at_the_limit
     assert 1001.0 < gen.when_available(0, 150, 1001.0) <= 1002.0
     unlimited = Generator(GeneratorSource(limit=50), 4, created_at=1000.0)
     assert unlimited.available(0, 1000.5) == 50
+
+
+def test_reads_in_small_pieces_give_the_records_of_one_read() -> None:
+    """A runner at a low rate reads one or two records at a time; the generator goes on
+    from where the key group's last read stopped, and a read elsewhere in between (a
+    replay, another key group) changes nothing."""
+    spec = GeneratorSource(seed=3, keys=5000, distribution="zipf")
+    whole = Generator(spec, 4, 0.0).read(1, 0, 700)
+    gen = Generator(spec, 4, 0.0)
+    pieces = []
+    for start in range(0, 700, 3):
+        pieces += gen.read(1, start, min(700, start + 3))
+        if start % 90 == 0:
+            gen.read(1, 10, 12)  # elsewhere in this key group's stream
+            gen.read(2, start, start + 5)
+    assert pieces == whole
+
+
+@pytest.mark.parametrize(
+    "rate",
+    [RateSpec(records_per_second=400), RateSpec(shape="sine", records_per_second=400,
+                                                amplitude=100, period=7)],
+)  # fmt: skip
+def test_every_key_group_waits_for_the_instant_its_next_record_exists(rate: RateSpec) -> None:
+    """The hint is the instant the record comes to exist (not a record's interval from
+    whenever the key group asked): the same for every key group at the same position, so
+    that a worker's idle key groups wake together."""
+    gen = Generator(GeneratorSource(rate=rate), 4, created_at=1000.0)
+    now = 1003.21
+    position = gen.available(0, now)  # caught up: the next record does not exist yet
+    hints = [gen.when_available(kg, position, now + kg * 0.0001) for kg in range(4)]
+    assert max(hints) - min(hints) < 1e-5  # the same instant, to ten microseconds
+    at = max(hints)
+    assert now < at <= now + 1.0
+    assert gen.available(0, at) == position + 1  # it exists then
+    assert gen.available(0, at - 0.001) == position  # and not a millisecond before
+    assert gen.when_available(0, position - 1, now) == now  # already there: at once

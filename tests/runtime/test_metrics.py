@@ -45,3 +45,15 @@ def test_labels_name_the_streamjob_not_the_scrape_job(monkeypatch: pytest.Monkey
     assert families["keyshift_state_cache_max_bytes"].samples[0].value == 64_000_000
     assert families["keyshift_key_groups_failed"].samples[0].value == 0
     assert families["keyshift_worker_start_time_seconds"].samples[0].value > 0
+
+
+def test_a_key_group_given_up_and_claimed_again_shows_its_offsets_again() -> None:
+    m = WorkerMetrics("j", "w")
+    labels = {**m.labels, "key_group": "3"}
+    m.source(3, end=100, position=40)
+    assert m.registry.get_sample_value("keyshift_source_lag_records", labels) == 60
+    m.forget_key_group(3)
+    assert m.registry.get_sample_value("keyshift_source_lag_records", labels) is None
+    m.source(3, end=150, position=150)
+    assert m.registry.get_sample_value("keyshift_source_lag_records", labels) == 0
+    assert m.registry.get_sample_value("keyshift_source_position", labels) == 150

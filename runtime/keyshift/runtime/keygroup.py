@@ -23,7 +23,7 @@ from typing import Any, Literal
 import msgspec
 
 from keyshift.errors import KeyshiftError
-from keyshift.runtime.aio import wait_event
+from keyshift.runtime.aio import Wakeup
 from keyshift.runtime.api import (
     CorruptState,
     Job,
@@ -565,7 +565,7 @@ class KeyGroupRunner:
         self.failed: Failure | None = None
         self.release_generation: int | None = None
         self.stopping = False
-        self._wake = asyncio.Event()
+        self._wake = Wakeup()
         self._loop = asyncio.get_running_loop()
         # spread the key groups' checkpoints over the interval, so that their
         # commits do not all queue at the store at once
@@ -748,6 +748,10 @@ class KeyGroupRunner:
             if due or exhausted:  # a bounded source that ended: commit its tail now
                 await self.checkpoint()
             await self._check_fence()
+            if not self._handoff_recorded:
+                await self._record_handoff(time.time(), None)
+            deps.turns.leave(kg)
+            now = time.time()  # after the awaits: idle key groups wake at the same instant
             if exhausted:
                 until_data = IDLE_SECONDS  # a bounded source: nothing more will come
             else:
@@ -762,9 +766,6 @@ class KeyGroupRunner:
                 )
             else:
                 until_checkpoint = IDLE_SECONDS
-            if not self._handoff_recorded:
-                await self._record_handoff(time.time(), None)
-            deps.turns.leave(kg)
             await self._wait(max(0.001, min(until_data, until_checkpoint)))
             return
         if not deps.turns.may_work(kg, urgent=not self._handoff_recorded):
@@ -1350,5 +1351,5 @@ class KeyGroupRunner:
 
     async def _wait(self, seconds: float | None) -> None:
         """Wait for a control request, at most ``seconds``."""
-        if await wait_event(self._wake, seconds):
+        if await self._wake.wait(seconds):
             self._wake.clear()

@@ -207,15 +207,25 @@ class WorkerMetrics:
             labels,
             registry=r,
         ).labels(**self.labels)
+        self._source_gauges: dict[int, tuple[Gauge, ...]] = {}
         self._last_hits = 0
         self._last_misses = 0
         self._counts_lock = threading.Lock()
 
     def source(self, key_group: int, end: int, position: int) -> None:
-        kg = str(key_group)
-        self._end_offset.labels(**self.labels, key_group=kg).set(end)
-        self._position.labels(**self.labels, key_group=kg).set(position)
-        self._lag.labels(**self.labels, key_group=kg).set(max(0, end - position))
+        """A key group's end offset, position and lag (at every batch: the labelled
+        gauges are looked up once per key group)."""
+        gauges = self._source_gauges.get(key_group)
+        if gauges is None:
+            kg = str(key_group)
+            gauges = self._source_gauges[key_group] = tuple(
+                gauge.labels(**self.labels, key_group=kg)
+                for gauge in (self._end_offset, self._position, self._lag)
+            )
+        end_offset, at, lag = gauges
+        end_offset.set(end)
+        at.set(position)
+        lag.set(max(0, end - position))
 
     def failures(self, failed: Mapping[int, FailureMark]) -> None:
         """Show exactly these stopped key groups (and their count).  Called from the
@@ -242,6 +252,7 @@ class WorkerMetrics:
         self._side_outputs.labels(**self.labels, output=name).inc(count)
 
     def forget_key_group(self, key_group: int) -> None:
+        self._source_gauges.pop(key_group, None)
         kg = str(key_group)
         for gauge in (self._end_offset, self._position, self._lag):
             with contextlib.suppress(KeyError):

@@ -27,6 +27,9 @@ MASK64 = (1 << 64) - 1
 UNBOUNDED = 1 << 62
 BLOCK = 256
 """Records per block: each block of a key group draws from its own seeded stream."""
+AVAILABLE_SLACK = 1e-4
+"""Seconds added to the instant a record comes to exist, so that the clock read after
+waking for it is past the instant whatever the float rounding."""
 
 
 def mix64(x: int) -> int:
@@ -107,6 +110,8 @@ class Generator:
         self._zipf = spec.distribution == "zipf"
         s = spec.zipf_exponent
         self._one_minus_s = 1.0 - s
+        self._cursors: dict[int, tuple[int, random.Random]] = {}
+        """Per key group, the offset its last read stopped at and the block's stream there."""
 
     def keys_in(self, kg: int) -> int:
         """How many distinct keys key group ``kg`` draws from (at least one)."""
@@ -145,17 +150,33 @@ class Generator:
         return SourceBatch(self.read(kg, start, stop), None, None, max(start, stop))
 
     def when_available(self, kg: int, offset: int, now: float) -> float:
-        """A unix time at or before which offset ``offset`` of ``kg`` will exist (a hint)."""
-        rate = rate_at(self.spec.rate, now - self.created_at)
-        if rate is None:
+        """The unix time at which offset ``offset`` of ``kg`` comes to exist, at most a
+        second from ``now`` (a hint for waiting).
+
+        Every key group's next offset comes to exist at the same instant (the job's
+        records are dealt round the key groups), so the idle key groups of a worker all
+        wake in one turn of its event loop, not one after the other."""
+        t = now - self.created_at
+        rate = self.spec.rate
+        if rate_at(rate, t) is None or offset < self.available(kg, now):
             return now
-        missing = offset + 1 - self.available(kg, now)
-        if missing <= 0:
-            return now
-        per_kg = rate / self.key_groups
-        if per_kg <= 0:
+        if self.spec.limit is not None and offset >= self.spec.limit:
+            return now + 1.0  # never
+        need = (offset + 1) * self.key_groups
+        if rate.shape == "constant" and rate.records_per_second:
+            at = need / rate.records_per_second
+        elif cumulative(rate, t + 1.0) < need:
             return now + 1.0
-        return now + min(1.0, missing / per_kg)
+        else:  # the instant within the next second, to a microsecond
+            lo, hi = t, t + 1.0
+            for _ in range(20):
+                mid = (lo + hi) / 2
+                if cumulative(rate, mid) >= need:
+                    hi = mid
+                else:
+                    lo = mid
+            at = hi
+        return min(now + 1.0, max(now, self.created_at + at + AVAILABLE_SLACK))
 
     def scheduled(self, kg: int, offset: int) -> float:
         """The job time (seconds) at which offset ``offset`` of ``kg`` comes to exist."""
@@ -198,7 +219,10 @@ class Generator:
         Records come in blocks of :data:`BLOCK` offsets; each block draws from its own
         Mersenne Twister, seeded by ``(seed, kg, block)``, two ``random()`` draws per
         record (the key, then the value). Python guarantees that ``random()`` of a
-        given integer seed stays the same across versions, so records do too.
+        given integer seed stays the same across versions, so records do too.  A read
+        that starts where the key group's last one stopped goes on with its stream
+        instead of seeding the block's again and drawing up to the start (at low rates
+        the runners read a few records at a time).
         """
         n = self.keys_in(kg)
         k = self.key_groups
@@ -217,9 +241,14 @@ class Generator:
         while offset < stop:
             block, skip = divmod(offset, BLOCK)
             end = min(stop, offset - skip + BLOCK)
-            draw = random.Random(seed | block).random
-            for _ in range(2 * skip):
-                draw()
+            cursor = self._cursors.pop(kg, None)
+            if cursor is not None and cursor[0] == offset:
+                rng = cursor[1]  # where the last read of this key group stopped
+            else:
+                rng = random.Random(seed | block)
+                for _ in range(2 * skip):
+                    rng.random()
+            draw = rng.random
             for _ in range(offset, end):
                 u = draw()
                 if not zipf:
@@ -229,5 +258,7 @@ class Generator:
                     if j >= n:
                         j = n - 1
                 append(Event(key=f"key-{kg + k * j}", value=1 + int(draw() * max_value)))
+            if end % BLOCK:
+                self._cursors[kg] = (end, rng)
             offset = end
         return out
