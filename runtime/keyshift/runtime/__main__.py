@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from keyshift.api.spec import load_manifest
 from keyshift.errors import KeyshiftError
 from keyshift.runtime.api import JOB_PATH_ENV, load_job
+from keyshift.runtime.collector import settle_garbage_collector
 from keyshift.runtime.config import settings_from
 from keyshift.runtime.httpserver import start_http
 from keyshift.runtime.worker import Worker
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    settle_garbage_collector()  # after the imports: see keyshift.runtime.collector
     try:
         return asyncio.run(run(args))
     except (KeyshiftError, ValidationError, OSError) as exc:  # not a bug: why, no traceback

@@ -207,6 +207,18 @@ class WorkerMetrics:
             labels,
             registry=r,
         ).labels(**self.labels)
+        self._gc_pause = Histogram(
+            "keyshift_gc_pause_seconds",
+            "Pauses of the worker process's garbage collector (the event loop stops while "
+            "it runs), by generation: 2 is a full collection",
+            [*labels, "generation"],
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+        )
+        self._gc_pauses = {
+            generation: self._gc_pause.labels(**self.labels, generation=str(generation))
+            for generation in range(3)
+        }
         self._source_gauges: dict[int, tuple[Gauge, ...]] = {}
         self._last_hits = 0
         self._last_misses = 0
@@ -226,6 +238,10 @@ class WorkerMetrics:
         end_offset.set(end)
         at.set(position)
         lag.set(max(0, end - position))
+
+    def gc_pause(self, generation: int, seconds: float) -> None:
+        """A garbage collection of ``generation`` stopped the process for ``seconds``."""
+        self._gc_pauses[generation].observe(seconds)
 
     def failures(self, failed: Mapping[int, FailureMark]) -> None:
         """Show exactly these stopped key groups (and their count).  Called from the

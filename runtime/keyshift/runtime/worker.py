@@ -39,6 +39,7 @@ from keyshift.api.spec import GeneratorSource, InvalidSpec
 from keyshift.runtime.aio import wait_event
 from keyshift.runtime.api import Job
 from keyshift.runtime.cache import StateCache
+from keyshift.runtime.collector import PauseRecorder
 from keyshift.runtime.config import WorkerSettings
 from keyshift.runtime.failures import FailedKeyGroups
 from keyshift.runtime.faults import crash_point
@@ -251,6 +252,8 @@ class Worker:
             asyncio.create_task(self._watch(), name="assignment-watch"),
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
         ]
+        gc_pauses = PauseRecorder(self.metrics.gc_pause)
+        gc_pauses.install()
         self.started.set()
         log.info("worker %s started (job %s)", self.name, self.job_name)
         try:
@@ -271,6 +274,7 @@ class Worker:
             for task in helpers:
                 if task.done() and not task.cancelled() and task.exception() is not None:
                     log.warning("%s ended with %r", task.get_name(), task.exception())
+            gc_pauses.remove()
 
     async def _check_eviction_policy(self) -> None:
         """Refuse a store that may evict keys (it would lose state silently), unless the
