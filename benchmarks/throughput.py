@@ -46,6 +46,7 @@ from examples.counter import job as counter_job
 from hatch_build import HOT_MODULES
 from keyshift.api.spec import GeneratorSource, StreamJob
 from keyshift.controller.core.assignment import plan_assignment
+from keyshift.runtime.collector import settle_garbage_collector
 from keyshift.runtime.config import settings_from
 from keyshift.runtime.sinks import NullSinkWriter
 from keyshift.runtime.store import WorkerStore
@@ -387,6 +388,11 @@ def parse_args() -> argparse.Namespace:
         choices=["in-process", "valkey"],
         help="run this row alone and write nothing (a process to profile, e.g. under py-spy)",
     )
+    p.add_argument(
+        "--default-gc",
+        action="store_true",
+        help="the interpreter's garbage collector as it comes, not settled as a worker's",
+    )
     p.add_argument("--output", type=Path, default=RESULTS)
     p.add_argument("--write-results-md", action="store_true")
     p.add_argument("--replot", action="store_true", help="the section from the saved --output")
@@ -477,6 +483,8 @@ async def only(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     arguments = parse_args()
+    if not arguments.default_gc:
+        settle_garbage_collector()  # this process is the worker's, as in a worker's pod
     if arguments.only:
         asyncio.run(only(arguments))
         sys.exit(0)
