@@ -57,8 +57,8 @@ KEY_GROUPS = 32
 
 
 def checkout_name(checkout: Path | None) -> str:
-    """``this`` or the other checkout's folder, with the commit each runs (``+``: with
-    changes not committed)."""
+    """``this`` or the other checkout's folder, with the commit each runs (``+``: its
+    package's sources changed since)."""
     folder = REPO if checkout is None else checkout
 
     def git(*args: str) -> str:
@@ -66,7 +66,7 @@ def checkout_name(checkout: Path | None) -> str:
                               text=True).stdout.strip()  # fmt: skip
 
     commit = git("rev-parse", "--short", "HEAD") or "?"
-    dirty = "+" if git("status", "--porcelain", "--untracked-files=no") else ""
+    dirty = "+" if git("status", "--porcelain", "--untracked-files=no", "--", *PORTIONS) else ""
     return f"{'this' if checkout is None else checkout.name} ({commit}{dirty})"
 
 
