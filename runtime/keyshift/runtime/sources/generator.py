@@ -61,6 +61,18 @@ def cumulative(rate: RateSpec, t: float) -> float:
     return r * t + (rate.to - r) * overlap
 
 
+def _time_of(rate: RateSpec, need: int, lo: float, hi: float, *, steps: int) -> float:
+    """The job time in ``(lo, hi]`` at which ``need`` records have been produced, found by
+    halving ``steps`` times (``cumulative(rate, hi) >= need`` is the caller's to know)."""
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if cumulative(rate, mid) >= need:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def _points_integral(points: list[tuple[float, float]], t: float) -> float:
     total = 0.0
     first_t, first_r = points[0]
@@ -168,14 +180,7 @@ class Generator:
         elif cumulative(rate, t + 1.0) < need:
             return now + 1.0
         else:  # the instant within the next second, to a microsecond
-            lo, hi = t, t + 1.0
-            for _ in range(20):
-                mid = (lo + hi) / 2
-                if cumulative(rate, mid) >= need:
-                    hi = mid
-                else:
-                    lo = mid
-            at = hi
+            at = _time_of(rate, need, t, t + 1.0, steps=20)
         return min(now + 1.0, max(now, self.created_at + at + AVAILABLE_SLACK))
 
     def scheduled(self, kg: int, offset: int) -> float:
@@ -191,14 +196,7 @@ class Generator:
             hi *= 2
             if hi > 1e12:
                 return hi  # the rate stops: never
-        lo = 0.0
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            if cumulative(rate, mid) >= need:
-                hi = mid
-            else:
-                lo = mid
-        return hi
+        return _time_of(rate, need, 0.0, hi, steps=60)
 
     def event_time(self, kg: int, offset: int) -> int:
         """The event time (unix ms) of record ``(kg, offset)``: when it is scheduled, minus
