@@ -53,6 +53,7 @@ from benchmarks.peers.flink import measure as flink
 from benchmarks.peers.flink.peer import FLINK_VERSION, WORK
 from benchmarks.peers.pauses import failover_row, pauses, rescale_row
 from benchmarks.results_md import replace_section
+from keyshift.runtime.collector import settle_garbage_collector
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "compare.json"
@@ -131,6 +132,7 @@ def keyshift_throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
         repeat=args.throughput_rounds,
         no_kafka=args.no_kafka,
     )
+    settle_garbage_collector()  # the worker runs in this process: settled as a worker's is
     r = asyncio.run(ks_throughput.main(ns))
     order = {"valkey": 0, "in-process": 1, "kafka+valkey": 2}
     rows: list[dict[str, Any]] = sorted(r["rows"], key=lambda x: order.get(x["mode"], 9))
