@@ -41,16 +41,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.rescale import JOB, REPO, LocalJob, read_outputs, say, write_manifest
+from benchmarks.throughput import cpu_seconds
+from hatch_build import COMPONENTS
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer
 
 HERE = Path(__file__).resolve().parent
-PORTIONS = ("api", "state-store", "runtime", "operator")
-"""The folders of a checkout that hold the ``keyshift`` package's portions."""
 WARMUP_SECONDS = 5.0
 KEYS = 100_000
 KEY_GROUPS = 32
@@ -66,7 +65,7 @@ def checkout_name(checkout: Path | None) -> str:
                               text=True).stdout.strip()  # fmt: skip
 
     commit = git("rev-parse", "--short", "HEAD") or "?"
-    dirty = "+" if git("status", "--porcelain", "--untracked-files=no", "--", *PORTIONS) else ""
+    dirty = "+" if git("status", "--porcelain", "--untracked-files=no", "--", *COMPONENTS) else ""
     return f"{'this' if checkout is None else checkout.name} ({commit}{dirty})"
 
 
@@ -74,15 +73,7 @@ def checkout_path(checkout: Path | None) -> str:
     """``PYTHONPATH`` that runs ``checkout``'s keyshift (None: this one, as installed)."""
     if checkout is None:
         return os.environ.get("PYTHONPATH", "")
-    return os.pathsep.join(str(checkout.resolve() / p) for p in PORTIONS)
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        t = psutil.Process(pid).cpu_times()
-        total += t.user + t.system
-    return total
+    return os.pathsep.join(str(checkout.resolve() / p) for p in COMPONENTS)
 
 
 def gc_full_collections(urls: list[str]) -> tuple[int, float | None]:
@@ -139,9 +130,11 @@ async def one_round(rate: float, seconds: float, checkout: Path | None) -> dict[
         pids = [int(w["pid"]) for w in workers]
         urls = [str(w["metrics_url"]) for w in workers if w.get("metrics_url")]
         gc_before = await asyncio.to_thread(gc_full_collections, urls)
-        start, cpu0, store0 = time.time(), cpu_seconds(pids), cpu_seconds([store_pid])
+        start, store0 = time.time(), cpu_seconds(store_pid)
+        cpu0 = sum(cpu_seconds(pid) for pid in pids)
         await asyncio.sleep(seconds)
-        end, cpu1, store1 = time.time(), cpu_seconds(pids), cpu_seconds([store_pid])
+        end, store1 = time.time(), cpu_seconds(store_pid)
+        cpu1 = sum(cpu_seconds(pid) for pid in pids)
         gc_after = await asyncio.to_thread(gc_full_collections, urls)
     finally:
         if job is not None:
@@ -162,6 +155,7 @@ async def one_round(rate: float, seconds: float, checkout: Path | None) -> dict[
         "worker_cpu_seconds": cpu1 - cpu0,
         "store_cpu_seconds": store1 - store0,
         "cpu_ms_per_1000_records": 1e6 * (cpu1 - cpu0) / max(1, records),
+        "store_cpu_ms_per_1000_records": 1e6 * (store1 - store0) / max(1, records),
         "worker_cores": (cpu1 - cpu0) / (end - start),
         "gap_median_ms": 1000 * statistics.median(gaps) if gaps else None,
         "gap_max_ms": 1000 * max(gaps) if gaps else None,
@@ -183,11 +177,8 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             rows.append({
                 "checkout": checkout, "rate": rate, "rounds": len(mine),
                 **{name: median_of(mine, name) for name in (
-                    "cpu_ms_per_1000_records", "worker_cores", "gap_median_ms",
-                    "gap_max_ms")},
-                "store_cpu_ms_per_1000_records": median_of(
-                    [{"v": 1e6 * r["store_cpu_seconds"] / max(1, r["records"])} for r in mine],
-                    "v"),
+                    "cpu_ms_per_1000_records", "store_cpu_ms_per_1000_records",
+                    "worker_cores", "gap_median_ms", "gap_max_ms")},
                 "full_collections": sum(r["full_collections"] for r in mine),
             })  # fmt: skip
     return rows

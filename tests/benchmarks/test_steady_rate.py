@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.steady_rate import PORTIONS, checkout_path, summarise, table
+from benchmarks.steady_rate import checkout_path, summarise, table
+from hatch_build import COMPONENTS
 
 
 def run(checkout: str, rate: float, cpu_ms: float, gap_ms: float, full: int) -> dict[str, object]:
     return {
         "rate": rate, "checkout": checkout, "records": int(rate * 10), "seconds": 10.0,
         "worker_cpu_seconds": cpu_ms * rate / 100_000, "store_cpu_seconds": 0.5,
-        "cpu_ms_per_1000_records": cpu_ms, "worker_cores": cpu_ms * rate / 1e6,
+        "cpu_ms_per_1000_records": cpu_ms, "store_cpu_ms_per_1000_records": 50.0,
+        "worker_cores": cpu_ms * rate / 1e6,
         "gap_median_ms": gap_ms / 2, "gap_max_ms": gap_ms, "full_collections": full,
         "longest_full_collection_le": None,
     }  # fmt: skip
@@ -35,4 +37,4 @@ def test_rounds_are_summarised_per_checkout_and_rate_by_their_medians() -> None:
 
 def test_another_checkout_runs_its_own_packages(tmp_path: Path) -> None:
     path = checkout_path(tmp_path).split(":")
-    assert path == [str(tmp_path.resolve() / p) for p in PORTIONS]
+    assert path == [str(tmp_path.resolve() / p) for p in COMPONENTS]

@@ -34,14 +34,10 @@ class Wakeup:
         self._set = False
         self._waiter: asyncio.Future[None] | None = None
 
-    def is_set(self) -> bool:
-        return self._set
-
     def set(self) -> None:
         self._set = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if self._waiter is not None:
+            _resolve(self._waiter)
 
     def clear(self) -> None:
         self._set = False
