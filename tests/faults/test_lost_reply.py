@@ -73,6 +73,33 @@ async def test_a_commit_retried_after_a_lost_reply_is_applied_once(
         proxy.stop()
 
 
+async def test_a_commit_and_release_retried_after_a_lost_reply_apply_once(
+    standalone_server: LocalServer, job: str
+) -> None:
+    """A handoff's last commit carries its release in the same request: retried after a
+    lost reply, the commit is the one applied (replayed) and the release stands."""
+    proxy = FaultProxy("127.0.0.1", standalone_server.port).start()
+    store = open_store(f"redis://{proxy.address}", retry_seconds=10)
+    direct = open_store(standalone_server.url)
+    try:
+        await load_commit_script(store, job)
+        c = await store.claim(job, 0, "w", generation=1)
+        lost = proxy.lose_reply(commit_of(job, 0))
+        result = await store.commit(
+            job, 0, epoch=c.epoch, token=c.token, seq=0, puts={"s": {b"k": b"1"}}, position=1,
+            release_generation=2,
+        )  # fmt: skip
+        assert lost.is_set(), "the proxy did not swallow the reply"
+        assert (result.seq, result.replayed) == (1, True)
+        info = await direct.key_group_info(job, 0)
+        assert (info.seq, info.position, info.owner, info.released_generation) == (1, 1, "", 2)
+        assert await direct.get_many(job, 0, "s", [b"k"]) == {b"k": b"1"}
+    finally:
+        await store.close()
+        await direct.close()
+        proxy.stop()
+
+
 async def test_another_commit_with_the_sequence_of_a_lost_reply_is_fenced(
     standalone_server: LocalServer, job: str
 ) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from keyshift.controller.core.assignment import plan_assignment
-from keyshift.runtime.handoff import may_claim, plan_handoff, stale_claims
+from keyshift.runtime.handoff import plan_handoff, stale_claims
 from keyshift.store import Assignment
 
 
@@ -22,13 +22,6 @@ def test_failover_claims_are_forced() -> None:
     new = Assignment(generation=3, parallelism=1, owners=(0, 0, 0, 0), forced=frozenset({2, 3}))
     plan = plan_handoff([0, 1], new, 0)
     assert plan.claim == {2, 3} and plan.forced == {2, 3}
-
-
-def test_claim_waits_for_the_release_unless_forced_or_mine() -> None:
-    assert may_claim(store_owner="", me="j-worker-1", forced=False)
-    assert may_claim(store_owner="j-worker-1", me="j-worker-1", forced=False)
-    assert not may_claim(store_owner="j-worker-0", me="j-worker-1", forced=False)
-    assert may_claim(store_owner="j-worker-0", me="j-worker-1", forced=True)
 
 
 def test_stale_claims_are_mine_in_the_store_but_not_in_the_assignment() -> None:

@@ -22,6 +22,7 @@ from keyshift.store import (
     StaleClaim,
     StaleGeneration,
     StateStore,
+    StillOwned,
     StoreCorrupt,
     Timer,
     TimerChanges,
@@ -505,6 +506,28 @@ async def test_a_claim_on_an_older_assignment_is_refused(store: StateStore, job:
     assert (await store.claim(job, 0, "w1", generation=5)).epoch == c.epoch + 1
 
 
+async def test_a_claim_if_released_waits_for_the_holder_unless_it_is_the_claimer(
+    store: StateStore, job: str
+) -> None:
+    held = await store.claim(job, 0, "w0", generation=1)
+    with pytest.raises(StillOwned) as owned:
+        await store.claim(job, 0, "w1", generation=2, if_released=True)
+    assert owned.value.owner == "w0"
+    info = await store.key_group_info(job, 0)  # refused: nothing written
+    assert (info.epoch, info.owner, info.claimed_generation) == (held.epoch, "w0", 1)
+    # a restarted holder takes its own key group back
+    again = await store.claim(job, 0, "w0", generation=2, if_released=True)
+    assert (again.epoch, again.previous_owner) == (held.epoch + 1, "w0")
+    await store.release(job, 0, epoch=again.epoch, token=again.token, generation=2)
+    taken = await store.claim(job, 0, "w1", generation=2, if_released=True)
+    assert (taken.epoch, taken.previous_owner) == (again.epoch + 1, "")
+    # without if_released a claim fences the holder (a failover's forced claim)
+    forced = await store.claim(job, 0, "w2", generation=3)
+    assert forced.previous_owner == "w1"
+    with pytest.raises(Fenced):
+        await store.commit(job, 0, epoch=taken.epoch, token=taken.token, seq=0, position=1)
+
+
 async def test_state_without_metadata_is_refused_not_restarted(store: StateStore, job: str) -> None:
     """The metadata hash deleted (or evicted) while the state is there: a claim would
     restart the key group from position 0 and count its records twice."""
@@ -592,6 +615,49 @@ async def test_warming_opens_the_connections_a_handoff_would_open(
         assert await clients() == warmed  # the six calls at once opened none
     finally:
         await fresh.close()
+
+
+async def test_a_commit_can_release_in_the_same_request(worker_store: Any, job: str) -> None:
+    """A handoff's last commit carries the release: both apply, the watchers hear of it,
+    and the new owner resumes from that commit."""
+    c = await worker_store.claim(job, 4, "old", generation=1)
+    watch = worker_store.watch_releases(job)
+    try:
+        assert await asyncio.wait_for(anext(watch), 10) is None  # subscribed
+        notified = asyncio.ensure_future(anext(watch))
+        marks = {"release_requested": 10.0, "batch_ended": 10.5, "committed": 11.0}
+        result = await worker_store.commit(
+            job, 4, epoch=c.epoch, token=c.token, seq=0, position=7,
+            puts={"count": {b"k": b"3"}}, release_generation=2, release_marks=marks,
+        )  # fmt: skip
+        assert result.seq == 1
+        assert await asyncio.wait_for(notified, 5) == 4
+    finally:
+        await watch.aclose()
+    info = await worker_store.key_group_info(job, 4)
+    assert (info.owner, info.released_generation, info.position, info.seq) == ("", 2, 7, 1)
+    assert info.release_marks == marks
+    new = await worker_store.claim(job, 4, "new", generation=2, if_released=True)
+    assert (new.position, new.seq, new.previous_owner) == (7, 1, "")
+    assert (await worker_store.get_many(job, 4, "count", [b"k"])) == {b"k": b"3"}
+
+
+async def test_a_refused_commit_does_not_release(store: StateStore, job: str) -> None:
+    c = await store.claim(job, 1, "w0", generation=1)
+    await store.commit(job, 1, epoch=c.epoch, token=c.token, seq=0, position=3)
+    with pytest.raises(Fenced):  # a used sequence: the commit is refused, and the release
+        await store.commit(
+            job, 1, epoch=c.epoch, token=c.token, seq=0, position=5, release_generation=2
+        )
+    info = await store.key_group_info(job, 1)
+    assert (info.owner, info.released_generation, info.position, info.seq) == ("w0", 0, 3, 1)
+    forcer = await store.claim(job, 1, "w1", generation=2)  # fenced by a newer claim
+    with pytest.raises(Fenced):
+        await store.commit(
+            job, 1, epoch=c.epoch, token=c.token, seq=1, position=5, release_generation=3
+        )
+    info = await store.key_group_info(job, 1)
+    assert (info.owner, info.epoch, info.released_generation) == ("w1", forcer.epoch, 0)
 
 
 async def test_release_reports_the_stored_sequence(store: StateStore, job: str) -> None:
@@ -721,6 +787,17 @@ async def test_a_claim_says_which_states_are_stored_and_in_which_layout(
     again = await worker_store.claim(job, 0, "w2")
     assert again.states == {"count", "m"}
     assert again.entry_states == {"m"}
+    assert again.timer_queues == frozenset()
+
+
+async def test_a_claim_says_which_timer_queues_hold_timers(store: StateStore, job: str) -> None:
+    c = await store.claim(job, 0, "w")
+    await store.commit(
+        job, 0, epoch=c.epoch, token=c.token, seq=c.seq, position=1,
+        timers={"event": TimerChanges(add=(Timer(5, b"t"),))},
+    )  # fmt: skip
+    again = await store.claim(job, 0, "w2")
+    assert again.timer_queues == {"event"}
 
 
 async def test_entry_states_survive_export_and_import(

@@ -6,9 +6,10 @@ passes the named point; ``commit.after@3`` kills it on its third pass.  Unset
 (always, in production) it costs one test.  Points: ``commit.before`` (the commit request not sent),
 ``commit.before.fired`` (the same, passed only by a commit that follows timer firings,
 so that their outputs are flushed and the replay writes them again), ``commit.after``
-(applied by the store, reply never seen), ``release.before`` (final commit done, not
-released), ``release.after``, ``claim.after``, ``sweep.after`` (expired values turned into
-deletes in the cache, not yet committed).
+(applied by the store, reply never seen), ``release.before`` (the release not sent: with
+nothing left to commit, the final commit done; else the final commit not sent either, as
+a handoff's last commit carries its release), ``release.after``, ``claim.after``,
+``sweep.after`` (expired values turned into deletes in the cache, not yet committed).
 """
 
 from __future__ import annotations

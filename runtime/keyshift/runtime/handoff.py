@@ -1,10 +1,13 @@
 """Handoff decisions, as pure functions of assignments and what the store says.
 
-The worker asks two questions when an assignment arrives:
+The worker asks when an assignment arrives:
 
 - :func:`plan_handoff`: which key groups do I release, claim, keep?
-- :func:`may_claim`: may I claim this key group now, or must I wait for its
-  previous owner to release it?
+- :func:`stale_claims`: which key groups did I hold before a restart that are now
+  someone else's?
+
+Whether a key group may be claimed now (released, or mine) the store decides, in the
+claim itself (``claim(if_released=True)``): looking first would cost a round trip.
 """
 
 from __future__ import annotations
@@ -40,11 +43,6 @@ def plan_handoff(running: Collection[int], new: Assignment, me: int) -> HandoffP
         keep=current & mine,
         forced=claim & new.forced,
     )
-
-
-def may_claim(*, store_owner: str, me: str, forced: bool) -> bool:
-    """Whether to claim now: forced, released (no owner), or my own (I restarted)."""
-    return forced or store_owner in ("", me)
 
 
 def stale_claims(

@@ -586,6 +586,8 @@ class KeyGroupRunner:
         """Whether the store has accepted a commit or confirmed the fence since the claim."""
         self.timers = TimerTable()
         self._timers_loaded = not self.timed
+        self._timer_queues = [q for q in QUEUES if q in claim.timer_queues]
+        """The queues with stored timers: the others are empty, no need to read them."""
         self.timers_fired = 0
         self._fired_at_commit = 0
         self._ctx = RecordContext(self.key_group, deps.cache, deps.job.states, self.watermark)
@@ -725,7 +727,7 @@ class KeyGroupRunner:
         kg = self.key_group
         now = time.time()
         if not self._timers_loaded:
-            for queue in QUEUES:
+            for queue in self._timer_queues:
                 found = await deps.store.due_timers(
                     deps.job_name, kg, queue, END_OF_TIME, limit=1 << 30
                 )
@@ -1228,19 +1230,28 @@ class KeyGroupRunner:
                     ctx._timers.apply(timers, kb)
                 self.timers_fired += 1
 
-    async def checkpoint(self) -> None:
+    async def checkpoint(self, release_generation: int | None = None) -> bool:
         """Flush the sink, then commit dirty state, fired and registered timers, the
-        watermark and the position (fenced), in one atomic commit."""
+        watermark and the position (fenced), in one atomic commit.
+
+        ``release_generation``: a handoff's last commit, which releases the key group in
+        the same request; returns whether it did (not when there was nothing to commit:
+        the caller releases)."""
         deps = self.deps
         kg = self.key_group
         self._last_checkpoint = time.monotonic()
         if self._expiring and self._last_checkpoint - self._last_sweep >= SWEEP_SECONDS:
             await self._sweep_expired()
         if not self._uncommitted():
-            return
+            return False
         await deps.outputs.flush(kg)
+        release_marks: dict[str, float] | None = None
         if self.release_generation is not None:
             self.handoff_marks["flushed"] = time.time()
+        if release_generation is not None:
+            # sent with the release: the commit's request is when it was committed
+            self.handoff_marks["committed"] = time.time()
+            release_marks = self.handoff_marks
         puts, deletes = deps.cache.dirty_changes(kg)
         timer_changes = self.timers.changes()
         watermark = self.watermark.value
@@ -1248,6 +1259,8 @@ class KeyGroupRunner:
         crash_point("commit.before")
         if self.timers_fired != self._fired_at_commit:
             crash_point("commit.before.fired")
+        if release_generation is not None:
+            crash_point("release.before")
         try:
             result = await deps.store.commit(
                 deps.job_name,
@@ -1261,6 +1274,8 @@ class KeyGroupRunner:
                 watermark=watermark,
                 timers=timer_changes or None,
                 entry_states=self._entry_states,
+                release_generation=release_generation,
+                release_marks=release_marks,
             )
         except StoreUnavailable:
             # applied or not, nobody can say: the next commit tells (fenced if it was)
@@ -1268,7 +1283,9 @@ class KeyGroupRunner:
             raise
         self._commit_in_doubt = False
         crash_point("commit.after")
-        if self.release_generation is not None:
+        if release_generation is not None:
+            crash_point("release.after")
+        elif self.release_generation is not None:
             self.handoff_marks["committed"] = time.time()
         deps.metrics.commit_duration.observe(time.perf_counter() - started)
         self._fence_checked = time.monotonic()
@@ -1279,6 +1296,7 @@ class KeyGroupRunner:
         self._fired_at_commit = self.timers_fired
         self.timers.committed()
         deps.cache.committed(kg)
+        return release_generation is not None
 
     async def _sweep_expired(self) -> None:
         """Expired values of the next page of each expiring state become deletes of this
@@ -1322,31 +1340,32 @@ class KeyGroupRunner:
         self.confirmed = True
 
     async def _release(self, generation: int) -> None:
+        """The last commit and the release, in one request when there is something to
+        commit (the commit's fence covers commits the store lost: it is refused)."""
         deps = self.deps
-        if self.failed is None:
-            await self.checkpoint()
-        marks = self.handoff_marks
-        marks.setdefault("flushed", marks["batch_ended"])  # nothing was left to flush
-        marks.setdefault("committed", marks["flushed"])  # nor to commit
-        crash_point("release.before")
-        stored_seq = await deps.store.release(
-            deps.job_name,
-            self.key_group,
-            epoch=self.epoch,
-            token=self.token,
-            generation=generation,
-            seq=self.seq,
-            marks=marks,
-        )
-        if stored_seq != self.seq:
-            deps.metrics.commits_lost.inc()
-            log.warning(
-                "key group %d: the store lost acknowledged commits before its release "
-                "(it holds commit %d, this worker made %d); the next owner replays from the "
-                "store's position, and the outputs since then are emitted again",
-                self.key_group, stored_seq, self.seq,
-            )  # fmt: skip
-        crash_point("release.after")
+        if self.failed is not None or not await self.checkpoint(release_generation=generation):
+            marks = self.handoff_marks
+            marks.setdefault("flushed", marks["batch_ended"])  # nothing was left to flush
+            marks.setdefault("committed", marks["flushed"])  # nor to commit
+            crash_point("release.before")
+            stored_seq = await deps.store.release(
+                deps.job_name,
+                self.key_group,
+                epoch=self.epoch,
+                token=self.token,
+                generation=generation,
+                seq=self.seq,
+                marks=marks,
+            )
+            if stored_seq != self.seq:
+                deps.metrics.commits_lost.inc()
+                log.warning(
+                    "key group %d: the store lost acknowledged commits before its release "
+                    "(it holds commit %d, this worker made %d); the next owner replays from "
+                    "the store's position, and the outputs since then are emitted again",
+                    self.key_group, stored_seq, self.seq,
+                )  # fmt: skip
+            crash_point("release.after")
         deps.cache.drop(self.key_group)
 
     async def _wait(self, seconds: float | None) -> None:

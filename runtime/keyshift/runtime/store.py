@@ -30,7 +30,13 @@ class WorkerStore(Protocol):
     async def eviction_policy(self) -> str | None: ...
     async def init_job(self, job: str, key_groups: int) -> JobInfo: ...
     async def claim(
-        self, job: str, key_group: int, owner: str, *, generation: int = 0
+        self,
+        job: str,
+        key_group: int,
+        owner: str,
+        *,
+        generation: int = 0,
+        if_released: bool = False,
     ) -> Claim: ...
     async def commit(
         self,
@@ -46,6 +52,8 @@ class WorkerStore(Protocol):
         watermark: int | None = None,
         timers: Mapping[str, TimerChanges] | None = None,
         entry_states: Collection[str] = (),
+        release_generation: int | None = None,
+        release_marks: Mapping[str, float] | None = None,
     ) -> CommitResult: ...
     async def check_fence(
         self, job: str, key_group: int, *, epoch: int, token: str, seq: int

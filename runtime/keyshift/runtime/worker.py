@@ -43,7 +43,7 @@ from keyshift.runtime.collector import PauseRecorder
 from keyshift.runtime.config import WorkerSettings
 from keyshift.runtime.failures import FailedKeyGroups
 from keyshift.runtime.faults import crash_point
-from keyshift.runtime.handoff import may_claim, stale_claims
+from keyshift.runtime.handoff import stale_claims
 from keyshift.runtime.keygroup import (
     CorruptStateError,
     Failure,
@@ -63,6 +63,7 @@ from keyshift.store.protocol import (
     Assignment,
     Fenced,
     StaleClaim,
+    StillOwned,
     StoreError,
     StoreMisconfigured,
     StoreUnavailable,
@@ -534,34 +535,36 @@ class Worker:
                 )
                 delay = self.claim_poll_seconds
                 try:
-                    info = await self.store.key_group_info(self.job_name, kg)
+                    # one round trip looks and claims: the store refuses (StillOwned) while
+                    # another worker holds the key group, unless this claim is by force
+                    claim = await self.store.claim(
+                        self.job_name, kg, self.name, generation=assignment.generation,
+                        if_released=not forced,
+                    )  # fmt: skip
                     if via in ("found", "polled", "subscribed"):
                         # it learns from the store's answer (a wake on subscribing is only a
                         # prompt to look: the release may come after it)
                         learned = time.time()
-                    if may_claim(store_owner=info.owner, me=self.name, forced=forced):
-                        if forced:
-                            via = "forced"
-                        elif info.owner == self.name:
-                            via = "own"
-                        claim = await self.store.claim(
-                            self.job_name, kg, self.name, generation=assignment.generation
-                        )
-                        crash_point("claim.after")
-                        self._forced_done.add((assignment.generation, kg))
-                        self._force_next.discard(kg)
-                        self.cache.drop(kg)
-                        runner = KeyGroupRunner(self._deps, claim, learned=learned, via=via)
-                        self._deps.source.assign(kg, claim.position, runner.data_arrived)
-                        self.runners[kg] = runner
-                        task = asyncio.create_task(runner.run(), name=f"key-group-{kg}")
-                        task.add_done_callback(lambda _t: self._wake.set())
-                        self._tasks[kg] = task
-                        log.info(
-                            "claimed key group %d (epoch %d, position %d, %s)",
-                            kg, claim.epoch, claim.position, via,
-                        )  # fmt: skip
-                        return
+                    if forced:
+                        via = "forced"
+                    elif claim.previous_owner == self.name:
+                        via = "own"
+                    crash_point("claim.after")
+                    self._forced_done.add((assignment.generation, kg))
+                    self._force_next.discard(kg)
+                    self.cache.drop(kg)
+                    runner = KeyGroupRunner(self._deps, claim, learned=learned, via=via)
+                    self._deps.source.assign(kg, claim.position, runner.data_arrived)
+                    self.runners[kg] = runner
+                    task = asyncio.create_task(runner.run(), name=f"key-group-{kg}")
+                    task.add_done_callback(lambda _t: self._wake.set())
+                    self._tasks[kg] = task
+                    log.info(
+                        "claimed key group %d (epoch %d, position %d, %s)",
+                        kg, claim.epoch, claim.position, via,
+                    )  # fmt: skip
+                    return
+                except StillOwned:
                     self.release_waits.add(kg)  # not released yet: the notification wakes it
                 except StoreUnavailable as exc:
                     log.warning("claiming key group %d: %s", kg, exc)

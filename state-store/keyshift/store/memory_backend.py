@@ -30,6 +30,7 @@ from keyshift.store.protocol import (
     ScanPage,
     StaleClaim,
     StaleGeneration,
+    StillOwned,
     Timer,
     TimerChanges,
     check_job_name,
@@ -186,12 +187,23 @@ class MemoryStore:
 
     # -- fencing ---------------------------------------------------------------
 
-    async def claim(self, job: str, key_group: int, owner: str, *, generation: int = 0) -> Claim:
+    async def claim(
+        self,
+        job: str,
+        key_group: int,
+        owner: str,
+        *,
+        generation: int = 0,
+        if_released: bool = False,
+    ) -> Claim:
         check_job_name(job)
         kg = self._kg(job, key_group)
         latest = max(kg.claimed_generation, kg.released_generation)
         if generation < latest:
             raise StaleClaim(job, key_group, generation, latest)
+        previous = kg.owner
+        if if_released and previous not in ("", owner):
+            raise StillOwned(job, key_group, previous)
         now = time.time()
         # the pause: since the previous owner's release, or (a claim by force) its last commit
         since = kg.released_at if kg.stored_token() == "" else kg.committed_at
@@ -206,6 +218,7 @@ class MemoryStore:
         return Claim(
             job, key_group, owner, kg.epoch, kg.token, kg.seq, kg.position, kg.watermark,
             states=frozenset(kg.states), entry_states=frozenset(kg.entry_states),
+            timer_queues=frozenset(kg.timers), previous_owner=previous,
         )  # fmt: skip
 
     def _fenced(self, job: str, key_group: int, reason: str, *, epoch: int, seq: int) -> Fenced:
@@ -234,6 +247,8 @@ class MemoryStore:
         watermark: int | None = None,
         timers: Mapping[str, TimerChanges] | None = None,
         entry_states: Collection[str] = (),
+        release_generation: int | None = None,
+        release_marks: Mapping[str, float] | None = None,
     ) -> CommitResult:
         puts = puts or {}
         deletes = deletes or {}
@@ -268,6 +283,11 @@ class MemoryStore:
         kg.committed_at = time.time()
         if watermark is not None:
             kg.watermark = watermark
+        if release_generation is not None:
+            await self.release(
+                job, key_group, epoch=epoch, token=token, generation=release_generation,
+                seq=kg.seq, marks=release_marks,
+            )  # fmt: skip
         return CommitResult(seq=kg.seq)
 
     async def check_fence(

@@ -115,6 +115,17 @@ class StoreMisconfigured(StoreError):
     ``maxmemory-policy`` that evicts keys); the message says what to change."""
 
 
+class StillOwned(StoreError):
+    """A claim made ``if_released`` while another worker holds the key group: the
+    claimer waits for its release.  Nothing was written."""
+
+    def __init__(self, job: str, key_group: int, owner: str) -> None:
+        self.job = job
+        self.key_group = key_group
+        self.owner = owner
+        super().__init__(f"{job}/{key_group} is still held by {owner}: not released yet")
+
+
 class StaleClaim(StoreError):
     """A claim made on an assignment older than the key group's last claim or release:
     the claimer must follow the newer assignment.  Nothing was written."""
@@ -190,6 +201,12 @@ class Claim:
     entry_states: frozenset[str] = frozenset()
     """Those of :attr:`states` committed as entry states (``commit(entry_states=)``): a
     state in ``states`` but not here holds values of another layout."""
+    timer_queues: frozenset[str] = frozenset()
+    """The timer queues the key group has committed timers to (once at least): those
+    the new owner reads; the others are empty."""
+    previous_owner: str = ""
+    """Who held the key group before this claim: "" when it was released (or when the
+    answer is to a retried claim whose first answer was lost)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,8 +359,20 @@ class StateStore(Protocol):
     async def job_info(self, job: str) -> JobInfo | None: ...
 
     # -- fencing -----------------------------------------------------------
-    async def claim(self, job: str, key_group: int, owner: str, *, generation: int = 0) -> Claim:
+    async def claim(
+        self,
+        job: str,
+        key_group: int,
+        owner: str,
+        *,
+        generation: int = 0,
+        if_released: bool = False,
+    ) -> Claim:
         """Take ownership: increment the epoch, draw a token, return where to resume.
+
+        ``if_released``: only if nobody holds the key group or ``owner`` does (a restarted
+        worker); raises :class:`StillOwned` otherwise, so that a new owner looks and claims
+        in one round trip. Without it the claim fences whoever holds the key group.
 
         Raises :class:`StaleClaim` when ``generation`` is older than the key group's last
         claim or release, and :class:`StoreCorrupt` when the key group's metadata is gone
@@ -365,6 +394,8 @@ class StateStore(Protocol):
         watermark: int | None = None,
         timers: Mapping[str, TimerChanges] | None = None,
         entry_states: Collection[str] = (),
+        release_generation: int | None = None,
+        release_marks: Mapping[str, float] | None = None,
     ) -> CommitResult:
         """Apply one checkpoint atomically, or raise :class:`Fenced` writing nothing.
 
@@ -373,7 +404,12 @@ class StateStore(Protocol):
         byte order too, so that :meth:`entries` reads one key's entries as a range.
 
         A retried request (its first reply lost) is answered ``replayed`` only when the
-        store applied this very request; any other commit with a used sequence is fenced."""
+        store applied this very request; any other commit with a used sequence is fenced.
+
+        ``release_generation``: also release the key group at that generation right after
+        the commit (as :meth:`release` does, with ``release_marks`` as its marks), in the
+        same round trip on a standalone server; the release applies only if the commit
+        did. A handoff's last commit: the new owner learns of it one round trip sooner."""
         ...
 
     async def check_fence(

@@ -46,6 +46,7 @@ from keyshift.store.protocol import (
     ScanPage,
     StaleClaim,
     StaleGeneration,
+    StillOwned,
     StoreCorrupt,
     StoreRejected,
     StoreUnavailable,
@@ -155,6 +156,41 @@ def _rejected(exc: rexc.ResponseError, what: str, job: str, key_group: int | Non
 def _quoted(raw: bytes) -> str:
     """A field's value in an error, cut short and quoted as the scripts quote it."""
     return '"' + raw[:40].decode(errors="replace") + '"'
+
+
+def _commit_result(reply: Any, job: str, key_group: int, *, epoch: int, seq: int) -> CommitResult:
+    """commit.lua's reply: the result, or :class:`Fenced`."""
+    if reply[0] == b"OK":
+        return CommitResult(seq=int(reply[1]), replayed=bool(int(reply[2])))
+    reason: Literal["epoch", "sequence"] = "epoch" if reply[1] == b"epoch" else "sequence"
+    raise Fenced(
+        job,
+        key_group,
+        reason,
+        expected_epoch=epoch,
+        stored_epoch=int(reply[2]),
+        expected_seq=seq,
+        stored_seq=int(reply[3]),
+    )
+
+
+def _release_result(reply: Any, job: str, key_group: int, *, epoch: int, seq: int) -> int:
+    """release.lua's reply: the stored sequence, or :class:`Fenced` (by the epoch, or by
+    the sequence when the commit it was to follow was not applied)."""
+    if reply[0] == b"OK":
+        return int(reply[1])
+    if reply[0] == b"UNCOMMITTED":
+        raise Fenced(job, key_group, "sequence", expected_epoch=epoch, stored_epoch=epoch,
+                     expected_seq=seq, stored_seq=int(reply[1]))  # fmt: skip
+    raise Fenced(
+        job,
+        key_group,
+        "epoch",
+        expected_epoch=epoch,
+        stored_epoch=int(reply[2]),
+        expected_seq=seq,
+        stored_seq=int(reply[3]),
+    )
 
 
 def _meta_int(meta: dict[bytes, bytes], field: str, job: str, key_group: int) -> int:
@@ -383,20 +419,30 @@ class RedisStateStore:
 
     # -- fencing -------------------------------------------------------------
 
-    async def claim(self, job: str, key_group: int, owner: str, *, generation: int = 0) -> Claim:
+    async def claim(
+        self,
+        job: str,
+        key_group: int,
+        owner: str,
+        *,
+        generation: int = 0,
+        if_released: bool = False,
+    ) -> Claim:
         check_job_name(job)
         token = secrets.token_hex(16)
         reply = await self._script(
             "claim",
             [keys.meta(job, key_group), keys.names(job, key_group)],
-            [owner, token, generation, repr(time.time())],
+            [owner, token, generation, repr(time.time()), "1" if if_released else ""],
             job,
             key_group,
         )
         if reply[0] == b"STALE":
             raise StaleClaim(job, key_group, generation, int(reply[1]))
+        if reply[0] == b"OWNED":
+            raise StillOwned(job, key_group, reply[1].decode(errors="replace"))
         # a retried claim (reply lost) is recognised by its token: one epoch, not two
-        epoch, seq, position, watermark, stored = reply
+        epoch, seq, position, watermark, stored, previous = reply
         kinds = [raw.decode().partition(":") for raw in stored]
         return Claim(
             job=job,
@@ -409,6 +455,8 @@ class RedisStateStore:
             watermark=None if watermark is None else int(watermark),
             states=frozenset(name for kind, _, name in kinds if kind == "s"),
             entry_states=frozenset(name for kind, _, name in kinds if kind == "e"),
+            timer_queues=frozenset(name for kind, _, name in kinds if kind == "t"),
+            previous_owner=previous.decode(errors="replace"),
         )
 
     async def commit(
@@ -425,6 +473,8 @@ class RedisStateStore:
         watermark: int | None = None,
         timers: Mapping[str, TimerChanges] | None = None,
         entry_states: Collection[str] = (),
+        release_generation: int | None = None,
+        release_marks: Mapping[str, float] | None = None,
     ) -> CommitResult:
         puts = puts or {}
         deletes = deletes or {}
@@ -466,19 +516,34 @@ class RedisStateStore:
             for t in change.add:
                 args += [t.time, t.payload]
             args += list(change.remove)
-        reply = await self._script("commit", key_list, args, job, key_group)
-        if reply[0] == b"OK":
-            return CommitResult(seq=int(reply[1]), replayed=bool(int(reply[2])))
-        reason: Literal["epoch", "sequence"] = "epoch" if reply[1] == b"epoch" else "sequence"
-        raise Fenced(
-            job,
-            key_group,
-            reason,
-            expected_epoch=epoch,
-            stored_epoch=int(reply[2]),
-            expected_seq=seq,
-            stored_seq=int(reply[3]),
+        if release_generation is None:
+            reply = await self._script("commit", key_list, args, job, key_group)
+            return _commit_result(reply, job, key_group, epoch=epoch, seq=seq)
+        if self.cluster:  # the release publishes in a second call there anyway
+            reply = await self._script("commit", key_list, args, job, key_group)
+            result = _commit_result(reply, job, key_group, epoch=epoch, seq=seq)
+            await self.release(
+                job, key_group, epoch=epoch, token=token, generation=release_generation,
+                seq=result.seq, marks=release_marks,
+            )  # fmt: skip
+            return result
+        # one round trip: the release follows the commit, and applies only if it did
+        released_args = self._release_args(
+            job, key_group, epoch, token, release_generation, release_marks, after_commit=args[8]
         )
+        commit_script, release_script = self._scripts["commit"], self._scripts["release"]
+
+        async def both() -> list[Any]:
+            pipe = self._client.pipeline(transaction=False)
+            await commit_script(keys=key_list, args=args, client=pipe)
+            await release_script(keys=[keys.meta(job, key_group)], args=released_args, client=pipe)
+            replies: list[Any] = await pipe.execute()
+            return replies
+
+        committed, released = await self._retrying("commit", both, job=job, key_group=key_group)
+        result = _commit_result(committed, job, key_group, epoch=epoch, seq=seq)
+        _release_result(released, job, key_group, epoch=epoch, seq=result.seq)
+        return result
 
     async def check_fence(
         self, job: str, key_group: int, *, epoch: int, token: str, seq: int
@@ -514,30 +579,37 @@ class RedisStateStore:
         seq: int = -1,
         marks: Mapping[str, float] | None = None,
     ) -> int:
-        channel = keys.releases_channel(job)
-        args: list[Any] = [
-            epoch, token, generation, repr(time.time()), "" if self.cluster else channel,
-            key_group,
-        ]  # fmt: skip
-        for name, at in (marks or {}).items():
-            args += [name, repr(float(at))]
+        args = self._release_args(job, key_group, epoch, token, generation, marks)
         reply = await self._script("release", [keys.meta(job, key_group)], args, job, key_group)
-        if reply[0] != b"OK":
-            raise Fenced(
-                job,
-                key_group,
-                "epoch",
-                expected_epoch=epoch,
-                stored_epoch=int(reply[2]),
-                expected_seq=seq,
-                stored_seq=int(reply[3]),
-            )
+        stored_seq = _release_result(reply, job, key_group, epoch=epoch, seq=seq)
         if self.cluster:  # the script could not publish on the job's slot: announce it here
+            channel = keys.releases_channel(job)
             try:
                 await self._client.execute_command("SPUBLISH", channel, key_group)
             except (rexc.RedisError, OSError) as exc:  # best effort: the new owner's poll covers
                 log.info("release of key group %d not announced: %s", key_group, exc)
-        return int(reply[1])
+        return stored_seq
+
+    def _release_args(
+        self,
+        job: str,
+        key_group: int,
+        epoch: int,
+        token: str,
+        generation: int,
+        marks: Mapping[str, float] | None,
+        *,
+        after_commit: str = "",
+    ) -> list[Any]:
+        """release.lua's arguments; ``after_commit``: release only if the commit of this
+        id (sent before it in the same request) is the last one the store applied."""
+        channel = "" if self.cluster else keys.releases_channel(job)
+        args: list[Any] = [
+            epoch, token, generation, repr(time.time()), channel, key_group, after_commit,
+        ]  # fmt: skip
+        for name, at in (marks or {}).items():
+            args += [name, repr(float(at))]
+        return args
 
     async def record_handoff(
         self,

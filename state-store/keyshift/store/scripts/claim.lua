@@ -1,19 +1,22 @@
 -- Claim a key group: new epoch, new token, return where to resume.
 -- KEYS[1] meta hash, KEYS[2] names set
--- ARGV owner, token, generation, now (unix seconds)
--- Returns {epoch, seq, position, watermark, names} (names: the names set's members) or
--- {'STALE', stored_generation}.
+-- ARGV owner, token, generation, now (unix seconds), '1' to claim only if released
+-- (nobody holds it, or the owner does) else ''
+-- Returns {epoch, seq, position, watermark, names, previous owner} (names: the names
+-- set's members; previous owner '' when released, and in the answer to a retry),
+-- {'STALE', stored_generation} or {'OWNED', owner}.
 -- Also records the handoff pause: from the previous owner's release (or, for a
 -- claim by force, its last commit) to this claim.
 local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'released_at', 'committed_at', 'seq',
-                     'position', 'watermark', 'claimed_generation', 'released_generation')
+                     'position', 'watermark', 'claimed_generation', 'released_generation',
+                     'owner')
 local stored_epoch = meta_number(m[1], 'epoch')
 local seq = meta_number(m[5], 'seq') or 0
 local position = meta_number(m[6], 'position') or 0
 meta_number(m[7], 'watermark')
 if m[2] == ARGV[2] then
   -- this very claim was applied already and its reply lost: answer it again
-  return {stored_epoch, seq, position, m[7], redis.call('SMEMBERS', KEYS[2])}
+  return {stored_epoch, seq, position, m[7], redis.call('SMEMBERS', KEYS[2]), ''}
 end
 if not m[1] and redis.call('EXISTS', KEYS[2]) == 1 then
   -- state without metadata (deleted, or evicted by a maxmemory policy): a claim would
@@ -24,6 +27,10 @@ local latest = math.max(meta_number(m[8], 'claimed_generation') or 0,
                         meta_number(m[9], 'released_generation') or 0)
 if tonumber(ARGV[3]) < latest then
   return {'STALE', latest}  -- a claimer still on an older assignment
+end
+local previous = m[10] or ''
+if ARGV[5] == '1' and previous ~= '' and previous ~= ARGV[1] then
+  return {'OWNED', previous}  -- not released yet: the claimer waits for the release
 end
 local epoch = (stored_epoch or 0) + 1
 local since = m[4]
@@ -40,4 +47,4 @@ if since and tonumber(since) then
 else
   redis.call('HDEL', KEYS[1], 'pause')
 end
-return {epoch, seq, position, m[7], redis.call('SMEMBERS', KEYS[2])}
+return {epoch, seq, position, m[7], redis.call('SMEMBERS', KEYS[2]), previous}

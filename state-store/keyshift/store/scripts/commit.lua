@@ -13,17 +13,18 @@ local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'seq', 'commit')
 local epoch = meta_number(m[1], 'epoch') or 0
 local seq = meta_number(m[3], 'seq') or 0
 local want_seq = tonumber(ARGV[3])
+-- Same epoch, sequence one ahead, same commit id: this very commit was applied already
+-- and its reply was lost; the client retried (the token may be gone by then: a
+-- handoff's last commit carries its release, which clears it). Another commit with this
+-- sequence (the writer gave up on a lost reply and went on) is fenced: answering it
+-- "replayed" would acknowledge updates that were never applied.
+if epoch == tonumber(ARGV[1]) and seq == want_seq + 1 and m[4] == ARGV[9] then
+  return {'OK', seq, 1}
+end
 if epoch ~= tonumber(ARGV[1]) or m[2] ~= ARGV[2] then
   return {'FENCED', 'epoch', epoch, seq}
 end
 if seq ~= want_seq then
-  -- Same fence, sequence one ahead, same commit id: this very commit was applied
-  -- already and its reply was lost; the client retried. Another commit with this
-  -- sequence (the writer gave up on a lost reply and went on) is fenced: answering it
-  -- "replayed" would acknowledge updates that were never applied.
-  if seq == want_seq + 1 and m[4] == ARGV[9] then
-    return {'OK', seq, 1}
-  end
   return {'FENCED', 'sequence', epoch, seq}
 end
 
