@@ -30,7 +30,7 @@ async def test_a_request_makes_no_task(standalone_server: LocalServer) -> None:
 
     try:
         await store.ping()  # connected
-        loop.set_task_factory(factory)  # type: ignore[arg-type]
+        loop.set_task_factory(factory)
         await store.ping()
         await store.get_states("conn-test", 0, {"s": [b"a", b"b"]})
     finally:
