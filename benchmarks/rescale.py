@@ -865,7 +865,10 @@ def handoff_markdown(data: dict[str, Any]) -> str:
         "in ms; the first step counts from the assignment's publication. *pause* = the old "
         "owner's batch end to the new owner's first batch loaded; *via* = how the new owners "
         "learned of the release; *busy before* = the old owners' busy ratios just before the "
-        "rescale (`keyshift status`, the live view's window).",
+        "rescale (`keyshift status`, the live view's window). *committed* is when the old "
+        "owner sent its last commit, which carries the release (one request): its round trip "
+        "shows in *learned*; *claimed* is when the new owner sent its claim (which also "
+        "looks: one request): its round trip shows in *loaded*.",
         "",
         "| keys | rescale | busy before | moved | "
         + " | ".join(s.replace("_", " ") for s in STAGES)
