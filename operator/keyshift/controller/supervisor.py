@@ -220,7 +220,7 @@ class Supervisor:
         while not stop.is_set():
             await self.tick_through_outage()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.controller.settings.tick_seconds)
+                await asyncio.wait_for(stop.wait(), self.controller.pause_seconds())
 
     async def close(self) -> None:
         """Close the metrics provider (the host closes what it opened: the store)."""

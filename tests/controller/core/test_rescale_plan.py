@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from keyshift.controller.core.assignment import NO_OWNER, plan_assignment, plan_failover
-from keyshift.controller.core.loop import workers_needed
+from keyshift.controller.core.loop import ControllerSettings, tick_pause, workers_needed
 from keyshift.controller.core.pool import WorkerInfo
 from keyshift.controller.core.reconcile import Desired, next_rescale
 from keyshift.controller.core.rescale import (
@@ -303,6 +303,22 @@ def test_the_controller_keeps_the_standby_running() -> None:
     assert workers_needed(assignment, None, standby=2) == {0, 1, 2, 3, 4}
     assert workers_needed(assignment, None) == {0, 1, 2}
     assert workers_needed(None, None, standby=2) == set()
+
+
+def test_the_loop_ticks_fast_while_a_rescale_waits_for_its_workers() -> None:
+    """Publishing, handing off and stopping end when a tick sees the workers' answer: a
+    full tick's pause would be most of a rescale whose handoffs take milliseconds."""
+    settings = ControllerSettings(tick_seconds=0.2, handoff_tick_seconds=0.02)
+    up = plan_rescale("j", K, plan_assignment(K, 2), 2, 1, 4, "manual", now=0.0)
+    assert tick_pause(settings, None) == 0.2
+    expected = {"starting_workers": 0.2, "publishing": 0.02, "handing_off": 0.02,
+                "stopping_workers": 0.02, "finished": 0.2}  # fmt: skip
+    for phase, pause in expected.items():
+        up.phase = phase  # type: ignore[assignment]
+        assert tick_pause(settings, up) == pause, phase
+    slow = ControllerSettings(tick_seconds=0.01, handoff_tick_seconds=0.02)
+    up.phase = "handing_off"
+    assert tick_pause(slow, up) == 0.01  # never slower than the normal tick
 
 
 def test_a_scale_up_refills_the_standby_it_took_once_its_handoffs_are_done() -> None:

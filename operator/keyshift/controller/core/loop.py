@@ -42,6 +42,11 @@ class ControllerSettings:
     """Workers kept running beyond the parallelism, owning nothing (``standbyWorkers``)."""
     tick_seconds: float = 0.2
     """The pause between two ticks of the loop (a rescale advances one step per tick)."""
+    handoff_tick_seconds: float = 0.02
+    """The pause while a rescale publishes, hands off or stops workers: those phases end
+    when a tick reads the last worker's acknowledgement (or sees its workers gone), and a
+    full tick's pause would add up to ``tick_seconds`` to the rescale's wall time for
+    handoffs that take tens of milliseconds. A tick then is a few store reads."""
     status_seconds: float = 1.0
     """How often the job's status is written (``status.json``, the StreamJob's status)."""
     store_stall_seconds: float = 1.0
@@ -61,6 +66,14 @@ class ControllerSettings:
             deadlines=Deadlines(handoff_seconds=spec.handoff_timeout),
             standby_workers=spec.standby_workers,
         )
+
+
+def tick_pause(settings: ControllerSettings, current: Rescale | None) -> float:
+    """How long the loop pauses before its next tick: short while the rescale in
+    progress waits for its workers' acknowledgements or for stopped workers to go."""
+    if current is not None and current.phase in ("publishing", "handing_off", "stopping_workers"):
+        return min(settings.handoff_tick_seconds, settings.tick_seconds)
+    return settings.tick_seconds
 
 
 def workers_needed(
@@ -120,6 +133,10 @@ class Controller:
         self.store_ok_since: float = clock()
         """When the controller last regained the store (or started): failover waits."""
         self._store_down = False
+
+    def pause_seconds(self) -> float:
+        """The pause before the next tick (:func:`tick_pause`)."""
+        return tick_pause(self.settings, self.executor.record.current)
 
     async def tick(self) -> None:
         asked = self.clock()

@@ -231,7 +231,10 @@ class JobRunner:
                     self.error = None
                 except (KeyshiftError, OSError) as exc:  # a bug is not caught here
                     self._fail(f"{type(exc).__name__}: {exc}")
-                await stopped.wait(self.settings.tick_seconds)
+                controller = self.controller
+                await stopped.wait(
+                    self.settings.tick_seconds if controller is None else controller.pause_seconds()
+                )
         finally:
             if self.store is not None:
                 await self.store.close()
