@@ -1,10 +1,9 @@
 """Handoff decisions, as pure functions of assignments and what the store says.
 
-The worker asks when an assignment arrives:
-
-- :func:`plan_handoff`: which key groups do I release, claim, keep?
-- :func:`stale_claims`: which key groups did I hold before a restart that are now
-  someone else's?
+- :func:`plan_handoff` (when an assignment arrives): which key groups do I release,
+  claim, keep?
+- :func:`stale_claims` (after a restart): which key groups does the store say I hold
+  that the assignment gives to someone else?
 
 Whether a key group may be claimed now (released, or mine) the store decides, in the
 claim itself (``claim(if_released=True)``): looking first would cost a round trip.

@@ -481,6 +481,7 @@ class RedisStateStore:
         timers = timers or {}
         state_names = sorted(set(puts) | set(deletes))
         key_list = [keys.meta(job, key_group), keys.names(job, key_group)]
+        commit_id = secrets.token_hex(8)  # the commit's id: its retries carry the same
         args: list[Any] = [
             epoch,
             token,
@@ -490,7 +491,7 @@ class RedisStateStore:
             len(state_names),
             len(timers),
             repr(time.time()),
-            secrets.token_hex(8),  # the commit's id: its retries carry the same
+            commit_id,
         ]
         for name in state_names:
             check_state_name(name)
@@ -529,7 +530,7 @@ class RedisStateStore:
             return result
         # one round trip: the release follows the commit, and applies only if it did
         released_args = self._release_args(
-            job, key_group, epoch, token, release_generation, release_marks, after_commit=args[8]
+            job, key_group, epoch, token, release_generation, release_marks, after_commit=commit_id
         )
         commit_script, release_script = self._scripts["commit"], self._scripts["release"]
 
