@@ -537,14 +537,16 @@ class Worker:
                 try:
                     # one round trip looks and claims: the store refuses (StillOwned) while
                     # another worker holds the key group, unless this claim is by force
+                    looked = time.time()
                     claim = await self.store.claim(
                         self.job_name, kg, self.name, generation=assignment.generation,
                         if_released=not forced,
                     )  # fmt: skip
                     if via in ("found", "polled", "subscribed"):
-                        # it learns from the store's answer (a wake on subscribing is only a
-                        # prompt to look: the release may come after it)
-                        learned = time.time()
+                        # it learns from the store's answer, the claim's own (a wake on
+                        # subscribing is only a prompt to look: the release may come after
+                        # it): the look and the claim are one request, applied at claimed_at
+                        learned = claim.claimed_at or looked
                     if forced:
                         via = "forced"
                     elif claim.previous_owner == self.name:

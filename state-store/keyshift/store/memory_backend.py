@@ -218,7 +218,7 @@ class MemoryStore:
         return Claim(
             job, key_group, owner, kg.epoch, kg.token, kg.seq, kg.position, kg.watermark,
             states=frozenset(kg.states), entry_states=frozenset(kg.entry_states),
-            timer_queues=frozenset(kg.timers), previous_owner=previous,
+            timer_queues=frozenset(kg.timers), previous_owner=previous, claimed_at=now,
         )  # fmt: skip
 
     def _fenced(self, job: str, key_group: int, reason: str, *, epoch: int, seq: int) -> Fenced:

@@ -204,6 +204,8 @@ class Claim:
     timer_queues: frozenset[str] = frozenset()
     """The timer queues the key group has committed timers to (once at least): those
     the new owner reads; the others are empty."""
+    claimed_at: float | None = None
+    """When the store applied the claim (unix seconds, the store's clock)."""
     previous_owner: str = ""
     """Who held the key group before this claim: "" when it was released (or when the
     answer is to a retried claim whose first answer was lost)."""

@@ -442,7 +442,7 @@ class RedisStateStore:
         if reply[0] == b"OWNED":
             raise StillOwned(job, key_group, reply[1].decode(errors="replace"))
         # a retried claim (reply lost) is recognised by its token: one epoch, not two
-        epoch, seq, position, watermark, stored, previous = reply
+        epoch, seq, position, watermark, stored, previous, claimed_at = reply
         kinds = [raw.decode().partition(":") for raw in stored]
         return Claim(
             job=job,
@@ -457,6 +457,7 @@ class RedisStateStore:
             entry_states=frozenset(name for kind, _, name in kinds if kind == "e"),
             timer_queues=frozenset(name for kind, _, name in kinds if kind == "t"),
             previous_owner=previous.decode(errors="replace"),
+            claimed_at=float(claimed_at),
         )
 
     async def commit(

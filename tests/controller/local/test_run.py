@@ -130,7 +130,9 @@ async def test_scale_1_4_2_3_keeps_state_exact_and_unmoved_key_groups_running(
                 assert at["released"] <= at["learned"] <= at["claimed"] <= at["loaded"], h
             unmoved = set(range(KEY_GROUPS)) - moved(record["from_owners"], record["to_owners"])
             assert unmoved, "every rescale here leaves some key groups in place"
-            stalled = [kg for kg in unmoved if not sampler.advanced_within(kg, start, end + 0.1)]
+            # progress shows at commits (every 100 ms): the window is the handoff and two
+            # checkpoint intervals, as the handoffs themselves take tens of milliseconds
+            stalled = [kg for kg in unmoved if not sampler.advanced_within(kg, start, end + 0.2)]
             assert not stalled, f"unmoved key groups {stalled} made no progress in the handoff"
             assert (await positions(store, "scaling", KEY_GROUPS)) != [limit] * KEY_GROUPS, (
                 "the job finished before the rescale: the test proves nothing; raise the limit"

@@ -1,22 +1,24 @@
 -- Claim a key group: new epoch, new token, return where to resume.
 -- KEYS[1] meta hash, KEYS[2] names set
--- ARGV owner, token, generation, now (unix seconds), '1' to claim only if released
--- (nobody holds it, or the owner does) else ''
--- Returns {epoch, seq, position, watermark, names, previous owner} (names: the names
--- set's members; previous owner '' when released, and in the answer to a retry),
+-- ARGV owner, token, generation, now (the claimer's clock, unix seconds: only where the
+-- store has no claim time; the server's clock stamps the claim), '1' to claim only if
+-- released (nobody holds it, or the owner does) else ''
+-- Returns {epoch, seq, position, watermark, names, previous owner, claimed at} (names:
+-- the names set's members; previous owner '' when released, and in the answer to a retry),
 -- {'STALE', stored_generation} or {'OWNED', owner}.
 -- Also records the handoff pause: from the previous owner's release (or, for a
 -- claim by force, its last commit) to this claim.
 local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'released_at', 'committed_at', 'seq',
                      'position', 'watermark', 'claimed_generation', 'released_generation',
-                     'owner')
+                     'owner', 'claimed_at')
 local stored_epoch = meta_number(m[1], 'epoch')
 local seq = meta_number(m[5], 'seq') or 0
 local position = meta_number(m[6], 'position') or 0
 meta_number(m[7], 'watermark')
 if m[2] == ARGV[2] then
   -- this very claim was applied already and its reply lost: answer it again
-  return {stored_epoch, seq, position, m[7], redis.call('SMEMBERS', KEYS[2]), ''}
+  return {stored_epoch, seq, position, m[7], redis.call('SMEMBERS', KEYS[2]), '',
+          m[11] or ARGV[4]}
 end
 if not m[1] and redis.call('EXISTS', KEYS[2]) == 1 then
   -- state without metadata (deleted, or evicted by a maxmemory policy): a claim would
@@ -33,18 +35,21 @@ if ARGV[5] == '1' and previous ~= '' and previous ~= ARGV[1] then
   return {'OWNED', previous}  -- not released yet: the claimer waits for the release
 end
 local epoch = (stored_epoch or 0) + 1
+-- the server's clock, not the claimer's: a claim that finds the release is after it
+local time = redis.call('TIME')
+local now = string.format('%.6f', tonumber(time[1]) + tonumber(time[2]) / 1000000)
 local since = m[4]
 if m[2] == '' then since = m[3] end
 redis.call('HSET', KEYS[1], 'epoch', epoch, 'token', ARGV[2], 'owner', ARGV[1],
-           'claimed_generation', ARGV[3], 'claimed_at', ARGV[4])
+           'claimed_generation', ARGV[3], 'claimed_at', now)
 -- the previous claimer's handoff marks ('c:'): this claimer records its own
 local fields = redis.call('HKEYS', KEYS[1])
 for _, field in ipairs(fields) do
   if string.sub(field, 1, 2) == 'c:' then redis.call('HDEL', KEYS[1], field) end
 end
 if since and tonumber(since) then
-  redis.call('HSET', KEYS[1], 'pause', tostring(tonumber(ARGV[4]) - tonumber(since)))
+  redis.call('HSET', KEYS[1], 'pause', tostring(tonumber(now) - tonumber(since)))
 else
   redis.call('HDEL', KEYS[1], 'pause')
 end
-return {epoch, seq, position, m[7], redis.call('SMEMBERS', KEYS[2]), previous}
+return {epoch, seq, position, m[7], redis.call('SMEMBERS', KEYS[2]), previous, now}
