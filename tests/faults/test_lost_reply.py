@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from keyshift.store import Fenced, RedisStateStore, StoreUnavailable, open_store
+from keyshift.store import Fenced, RedisStateStore, StillOwned, StoreUnavailable, open_store
 from keyshift.store.redis_backend import _load_script
 from keyshift.store.server import LocalServer
 from tests.faults.proxy import FaultProxy
@@ -73,17 +73,22 @@ async def test_a_commit_retried_after_a_lost_reply_is_applied_once(
         proxy.stop()
 
 
+@pytest.mark.parametrize("successor", [False, True], ids=["released", "handed-over"])
 async def test_a_commit_and_release_retried_after_a_lost_reply_apply_once(
-    standalone_server: LocalServer, job: str
+    standalone_server: LocalServer, job: str, successor: bool
 ) -> None:
     """A handoff's last commit carries its release in the same request: retried after a
-    lost reply, the commit is the one applied (replayed) and the release stands."""
+    lost reply, the commit is the one applied (replayed) and the release stands, also
+    when the release handed the key group to a waiting successor (a new epoch since)."""
     proxy = FaultProxy("127.0.0.1", standalone_server.port).start()
     store = open_store(f"redis://{proxy.address}", retry_seconds=10)
     direct = open_store(standalone_server.url)
     try:
         await load_commit_script(store, job)
         c = await store.claim(job, 0, "w", generation=1)
+        if successor:
+            with pytest.raises(StillOwned):
+                await direct.claim(job, 0, "next", generation=2, if_released=True)
         lost = proxy.lose_reply(commit_of(job, 0))
         result = await store.commit(
             job, 0, epoch=c.epoch, token=c.token, seq=0, puts={"s": {b"k": b"1"}}, position=1,
@@ -92,7 +97,9 @@ async def test_a_commit_and_release_retried_after_a_lost_reply_apply_once(
         assert lost.is_set(), "the proxy did not swallow the reply"
         assert (result.seq, result.replayed) == (1, True)
         info = await direct.key_group_info(job, 0)
-        assert (info.seq, info.position, info.owner, info.released_generation) == (1, 1, "", 2)
+        owner = "next" if successor else ""
+        assert (info.seq, info.position, info.owner, info.released_generation) == (1, 1, owner, 2)
+        assert info.epoch == c.epoch + successor
         assert await direct.get_many(job, 0, "s", [b"k"]) == {b"k": b"1"}
     finally:
         await store.close()

@@ -19,6 +19,7 @@ from keyshift.store import (
     Assignment,
     Fenced,
     RedisStateStore,
+    Released,
     StaleClaim,
     StaleGeneration,
     StateStore,
@@ -631,7 +632,7 @@ async def test_a_commit_can_release_in_the_same_request(worker_store: Any, job: 
             puts={"count": {b"k": b"3"}}, release_generation=2, release_marks=marks,
         )  # fmt: skip
         assert result.seq == 1
-        assert await asyncio.wait_for(notified, 5) == 4
+        assert await asyncio.wait_for(notified, 5) == Released(4)  # nobody waited
     finally:
         await watch.aclose()
     info = await worker_store.key_group_info(job, 4)
@@ -691,20 +692,105 @@ async def test_a_release_is_announced_to_every_watcher_of_its_job(
         elsewhere = asyncio.ensure_future(anext(other))
         await worker_store.release(job, 5, epoch=old.epoch, token=old.token, generation=2)
         # no poll here: only the notification wakes them, with the key group's number
-        assert await asyncio.wait_for(notified, 5) == 5
-        assert await asyncio.wait_for(also, 5) == 5
+        assert await asyncio.wait_for(notified, 5) == Released(5)
+        assert await asyncio.wait_for(also, 5) == Released(5)
         assert not elsewhere.done()  # another job's watcher hears nothing
         elsewhere.cancel()
         # a later release is announced too, and a retried release again (harmless)
         again = await worker_store.claim(job, 5, "new", generation=2)
         await worker_store.release(job, 5, epoch=again.epoch, token=again.token, generation=3)
-        assert await asyncio.wait_for(anext(watch), 5) == 5
+        assert await asyncio.wait_for(anext(watch), 5) == Released(5)
         released = await worker_store.claim(job, 6, "w", generation=3)
         await worker_store.release(job, 6, epoch=released.epoch, token=released.token, generation=4)
-        assert await asyncio.wait_for(anext(watch), 5) == 6
+        assert await asyncio.wait_for(anext(watch), 5) == Released(6)
     finally:
         for subscription in (watch, second, other):
             await subscription.aclose()
+
+
+async def test_a_release_hands_the_key_group_to_the_claimer_waiting_for_it(
+    worker_store: Any, job: str
+) -> None:
+    """The new owner's refused claim registers it; the release claims the key group for
+    it, with its token, and the announcement carries that claim: the new owner resumes
+    from it with no request of its own."""
+    old = await worker_store.claim(job, 3, "old", generation=1)
+    with pytest.raises(StillOwned):
+        await worker_store.claim(job, 3, "new", generation=2, if_released=True, token="t-new")
+    watch = worker_store.watch_releases(job)
+    try:
+        assert await asyncio.wait_for(anext(watch), 10) is None  # subscribed
+        notified = asyncio.ensure_future(anext(watch))
+        await worker_store.commit(
+            job, 3, epoch=old.epoch, token=old.token, seq=0, position=9,
+            puts={"count": {b"k": b"1"}}, release_generation=2,
+        )  # fmt: skip
+        released = await asyncio.wait_for(notified, 5)
+    finally:
+        await watch.aclose()
+    handed = released.handed_to
+    assert released.key_group == 3 and handed is not None
+    assert (handed.owner, handed.token, handed.epoch) == ("new", "t-new", old.epoch + 1)
+    assert (handed.position, handed.seq, handed.watermark, handed.states) == (
+        9, 1, None, frozenset({"count"}),
+    )  # fmt: skip
+    info = await worker_store.key_group_info(job, 3)
+    assert (info.owner, info.epoch, info.claimed_generation) == ("new", handed.epoch, 2)
+    assert info.released_generation == 2
+    # the announcement lost: the claimer's next claim, same token, is answered with it
+    again = await worker_store.claim(job, 3, "new", generation=2, if_released=True, token="t-new")
+    assert (again.epoch, again.token, again.position, again.seq) == (handed.epoch, "t-new", 9, 1)
+    # the new owner holds the fence; the old one is fenced
+    await worker_store.commit(job, 3, epoch=handed.epoch, token="t-new", seq=1, position=10)
+    with pytest.raises(Fenced):
+        await worker_store.commit(job, 3, epoch=old.epoch, token=old.token, seq=1, position=11)
+
+
+async def test_a_release_hands_over_only_to_a_claimer_of_its_generation_or_newer(
+    worker_store: Any, job: str
+) -> None:
+    """A claimer of an older assignment than the release is not handed the key group (it
+    is free for the release's own), and of several claimers the newest generation's
+    waits; a claim that succeeds meanwhile forgets the waiting one."""
+    old = await worker_store.claim(job, 1, "old", generation=1)
+    with pytest.raises(StillOwned):
+        await worker_store.claim(job, 1, "stale", generation=1, if_released=True, token="t1")
+    await worker_store.release(job, 1, epoch=old.epoch, token=old.token, generation=2)
+    info = await worker_store.key_group_info(job, 1)
+    assert (info.owner, info.epoch) == ("", old.epoch)  # released, to nobody
+    # two claimers wait: the newer generation's is handed it, whoever asked last
+    holder = await worker_store.claim(job, 1, "holder", generation=2, if_released=True)
+    with pytest.raises(StillOwned):
+        await worker_store.claim(job, 1, "newer", generation=4, if_released=True, token="t4")
+    with pytest.raises(StillOwned):
+        await worker_store.claim(job, 1, "older", generation=3, if_released=True, token="t3")
+    await worker_store.release(job, 1, epoch=holder.epoch, token=holder.token, generation=3)
+    info = await worker_store.key_group_info(job, 1)
+    assert (info.owner, info.epoch, info.claimed_generation) == ("newer", holder.epoch + 1, 4)
+    # a claim by force forgets the waiting claimer: its holder's release frees the key group
+    with pytest.raises(StillOwned):
+        await worker_store.claim(job, 1, "waiter", generation=5, if_released=True, token="t5")
+    forced = await worker_store.claim(job, 1, "forcer", generation=5)
+    await worker_store.release(job, 1, epoch=forced.epoch, token=forced.token, generation=5)
+    assert (await worker_store.key_group_info(job, 1)).owner == ""
+
+
+async def test_a_retried_release_after_a_handover_is_answered_as_applied(
+    store: StateStore, job: str
+) -> None:
+    """A release (or the commit carrying it) retried after a lost reply is recognised by
+    the releaser's token and commit, though the key group is the successor's since."""
+    old = await store.claim(job, 2, "old", generation=1)
+    await store.commit(job, 2, epoch=old.epoch, token=old.token, seq=0, position=4)
+    with pytest.raises(StillOwned):
+        await store.claim(job, 2, "new", generation=2, if_released=True, token="t-new")
+    assert await store.release(job, 2, epoch=old.epoch, token=old.token, generation=2) == 1
+    assert (await store.key_group_info(job, 2)).owner == "new"
+    # the reply lost: the same release again is answered with the sequence it released at
+    assert await store.release(job, 2, epoch=old.epoch, token=old.token, generation=2) == 1
+    # ... even after the successor committed
+    await store.commit(job, 2, epoch=old.epoch + 1, token="t-new", seq=1, position=5)
+    assert await store.release(job, 2, epoch=old.epoch, token=old.token, generation=2) == 1
 
 
 async def test_handoff_marks_are_kept_per_release_and_per_claim(

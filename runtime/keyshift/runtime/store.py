@@ -17,6 +17,7 @@ from keyshift.store.protocol import (
     CommitResult,
     JobInfo,
     KeyGroupInfo,
+    Released,
     ScanPage,
     Timer,
     TimerChanges,
@@ -37,6 +38,7 @@ class WorkerStore(Protocol):
         *,
         generation: int = 0,
         if_released: bool = False,
+        token: str | None = None,
     ) -> Claim: ...
     async def commit(
         self,
@@ -69,7 +71,7 @@ class WorkerStore(Protocol):
         seq: int = -1,
         marks: Mapping[str, float] | None = None,
     ) -> int: ...
-    def watch_releases(self, job: str) -> AsyncIterator[int | None]: ...
+    def watch_releases(self, job: str) -> AsyncIterator[Released | None]: ...
     async def record_handoff(
         self,
         job: str,

@@ -8,10 +8,12 @@ One asyncio task per owned key group (:class:`KeyGroupRunner`), plus:
   starts claimers for gained ones, and acks the generation once it runs it;
 - a claimer per gained key group: it claims at once when the assignment forces
   it, when nobody owns the key group, or when the store names this very
-  worker (a restart); otherwise it waits for the previous owner's release: the
-  release script announces it on the key group's (sharded) pub/sub channel, so the
-  claimer looks again at once; a slow poll (``claim_poll_seconds``) covers a lost
-  notification, and a new assignment wakes it too (a claim by force);
+  worker (a restart); otherwise the store registers it as the key group's successor
+  and it waits for the previous owner's release: the release script claims the key
+  group for it (with the claimer's token) and announces that claim on the job's
+  (sharded) pub/sub channel, which the worker's listener hands to the claimer; a slow
+  poll (``claim_poll_seconds``) covers a lost announcement (the claim, same token, is
+  answered with the release's), and a new assignment wakes it too (a claim by force);
 - a heartbeat that records the worker alive in the store (readiness; ``keyshift store
   delete`` refuses a job with live workers); when it reconnects, every runner asks
   the store at once whether it still holds its fence (the store may have lost commits).
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from typing import Any
 
@@ -61,7 +64,9 @@ from keyshift.runtime.sources import Source, open_source
 from keyshift.runtime.store import WorkerStore
 from keyshift.store.protocol import (
     Assignment,
+    Claim,
     Fenced,
+    Released,
     StaleClaim,
     StillOwned,
     StoreError,
@@ -109,6 +114,8 @@ class Worker:
         self.metrics.cache_size(0, self.cache.max_bytes)
         self.assignment_poll_seconds = assignment_poll_seconds
         self.claim_poll_seconds = claim_poll_seconds
+        self._handed: dict[int, Claim] = {}
+        """Claims a release made for a waiting claimer here, until the claimer takes it."""
         self._claim_wakes: dict[int, tuple[asyncio.Event, list[str]]] = {}
         """Per waiting claimer: its wake-up and why it was woken (``notified``, ...)."""
         self.releases_subscribed = False
@@ -525,6 +532,10 @@ class Worker:
         self._claim_wakes[kg] = (wake, reasons)
         via = "found"  # how it learned it may claim: a first look finds it released
         learned = time.time()
+        # one token for this claimer's every claim: a release that hands the key group to
+        # it claims with this token, and a claim after a lost announcement is answered so
+        token = secrets.token_hex(16)
+        waited = False  # registered as the successor once: a release may hand it here
         try:
             while not self._stop.is_set():
                 assignment = self.assignment
@@ -535,13 +546,20 @@ class Worker:
                 )
                 delay = self.claim_poll_seconds
                 try:
-                    # one round trip looks and claims: the store refuses (StillOwned) while
-                    # another worker holds the key group, unless this claim is by force
-                    looked = time.time()
-                    claim = await self.store.claim(
-                        self.job_name, kg, self.name, generation=assignment.generation,
-                        if_released=not forced,
-                    )  # fmt: skip
+                    handed = self._handed.pop(kg, None)
+                    if handed is not None and handed.token == token:
+                        # the release claimed it for this claimer and said so: no round trip
+                        claim = handed
+                        learned = claim.claimed_at or learned
+                        via = "handed"
+                    else:
+                        # one round trip looks and claims: the store refuses (StillOwned)
+                        # while another worker holds the key group, unless by force
+                        looked = time.time()
+                        claim = await self.store.claim(
+                            self.job_name, kg, self.name, generation=assignment.generation,
+                            if_released=not forced, token=token,
+                        )  # fmt: skip
                     if via in ("found", "polled", "subscribed"):
                         # it learns from the store's answer, the claim's own (a wake on
                         # subscribing is only a prompt to look: the release may come after
@@ -567,7 +585,9 @@ class Worker:
                     )  # fmt: skip
                     return
                 except StillOwned:
-                    self.release_waits.add(kg)  # not released yet: the notification wakes it
+                    # not released yet: the release hands it here, and says so
+                    self.release_waits.add(kg)
+                    waited = True
                 except StoreUnavailable as exc:
                     log.warning("claiming key group %d: %s", kg, exc)
                     delay = CLAIM_RETRY_SECONDS
@@ -585,10 +605,27 @@ class Worker:
         finally:
             if runner is None:
                 turns.handoff_finished(kg)
+                if waited:  # a release may hand it here yet: reconcile looks, and releases
+                    self._suspects.add(kg)
+            self._handed.pop(kg, None)
             self._claim_wakes.pop(kg, None)
             self.release_waits.discard(kg)
             self._claimers.pop(kg, None)
             self._wake.set()
+
+    def _on_release(self, released: Released) -> None:
+        """A release the store announced: wake the key group's claimer here, and give it
+        the claim when the release handed the key group to this worker."""
+        kg, handed = released.key_group, released.handed_to
+        if handed is None:
+            self._nudge_claimer(kg, "notified")
+        elif handed.owner == self.name:
+            if kg in self._claim_wakes:
+                self._handed[kg] = handed
+                self._nudge_claimer(kg, "handed")
+            else:  # its claimer gave up (a newer assignment): reconcile releases it
+                self._suspects.add(kg)
+                self._wake.set()
 
     async def _listen_releases(self) -> None:
         """Wake the claimer of each key group whose release the store announces, and every
@@ -597,13 +634,13 @@ class Worker:
         while not self._stop.is_set():
             watch = self.store.watch_releases(self.job_name)
             try:
-                async for kg in watch:
-                    if kg is None:
+                async for released in watch:
+                    if released is None:
                         self.releases_subscribed = True
                         for waiting in list(self._claim_wakes):
                             self._nudge_claimer(waiting, "subscribed")
                     else:
-                        self._nudge_claimer(kg, "notified")
+                        self._on_release(released)
             except StoreError as exc:  # the claimers' poll covers
                 log.info("release notifications: %s; subscribing again", exc)
             finally:

@@ -27,6 +27,7 @@ from keyshift.store.protocol import (
     JobInfo,
     KeyGroupDump,
     KeyGroupInfo,
+    Released,
     ScanPage,
     StaleClaim,
     StaleGeneration,
@@ -104,6 +105,11 @@ class _KeyGroup:
     release_marks: dict[str, float] = field(default_factory=dict)
     claim_marks: dict[str, float] = field(default_factory=dict)
     claim_via: str = ""
+    released_token: str = ""
+    """The token of the last release's releaser, and its sequence: a retry's answer."""
+    released_seq: int = 0
+    successor: tuple[str, str, int] | None = None
+    """The claimer waiting for the release: owner, token, generation."""
     states: dict[str, dict[bytes, bytes]] = field(default_factory=dict)
     entry_states: set[str] = field(default_factory=set)
     indexes: dict[str, _Index] = field(default_factory=dict)
@@ -138,7 +144,7 @@ class MemoryStore:
         self._groups: dict[tuple[str, int], _KeyGroup] = {}
         self._assignments: dict[str, Assignment] = {}
         self._changed = asyncio.Condition()
-        self._release_watchers: dict[str, set[asyncio.Queue[int]]] = {}
+        self._release_watchers: dict[str, set[asyncio.Queue[Released]]] = {}
         self.acks: dict[str, dict[str, int]] = {}
         """Each job's :meth:`worker_generations`."""
         self.alive: dict[str, dict[str, float]] = {}
@@ -195,30 +201,48 @@ class MemoryStore:
         *,
         generation: int = 0,
         if_released: bool = False,
+        token: str | None = None,
     ) -> Claim:
         check_job_name(job)
         kg = self._kg(job, key_group)
+        if token is not None and kg.epoch > 0 and kg.token == token:
+            return self._claim_of(job, key_group, kg, "")  # applied already (a handover)
         latest = max(kg.claimed_generation, kg.released_generation)
         if generation < latest:
             raise StaleClaim(job, key_group, generation, latest)
         previous = kg.owner
         if if_released and previous not in ("", owner):
+            # the release hands the key group to the newest generation's waiting claimer
+            if kg.successor is None or generation >= kg.successor[2]:
+                kg.successor = (owner, token or secrets.token_hex(16), generation)
             raise StillOwned(job, key_group, previous)
-        now = time.time()
         # the pause: since the previous owner's release, or (a claim by force) its last commit
         since = kg.released_at if kg.stored_token() == "" else kg.committed_at
+        self._apply_claim(kg, owner, token or secrets.token_hex(16), generation, since)
+        return self._claim_of(job, key_group, kg, previous)
+
+    @staticmethod
+    def _apply_claim(
+        kg: _KeyGroup, owner: str, token: str, generation: int, since: float | None
+    ) -> None:
+        now = time.time()
         kg.epoch += 1
-        kg.token = secrets.token_hex(16)
+        kg.token = token
         kg.owner = owner
         kg.claimed_generation = generation
         kg.claimed_at = now
         kg.claim_marks = {}
         kg.claim_via = ""
+        kg.successor = None
         kg.pause = None if since is None else now - since
+
+    @staticmethod
+    def _claim_of(job: str, key_group: int, kg: _KeyGroup, previous: str) -> Claim:
         return Claim(
-            job, key_group, owner, kg.epoch, kg.token, kg.seq, kg.position, kg.watermark,
+            job, key_group, kg.owner, kg.epoch, kg.token, kg.seq, kg.position, kg.watermark,
             states=frozenset(kg.states), entry_states=frozenset(kg.entry_states),
-            timer_queues=frozenset(kg.timers), previous_owner=previous, claimed_at=now,
+            timer_queues=frozenset(kg.timers), previous_owner=previous,
+            claimed_at=kg.claimed_at,
         )  # fmt: skip
 
     def _fenced(self, job: str, key_group: int, reason: str, *, epoch: int, seq: int) -> Fenced:
@@ -313,6 +337,8 @@ class MemoryStore:
         marks: Mapping[str, float] | None = None,
     ) -> int:
         kg = self._peek(job, key_group)
+        if kg.released_token == token and kg.released_generation >= generation:
+            return kg.released_seq  # this very release, retried (handed over since, maybe)
         if kg.epoch != epoch:
             raise self._fenced(job, key_group, "epoch", epoch=epoch, seq=seq)
         if kg.stored_token() == "" and kg.released_generation >= generation:
@@ -321,15 +347,23 @@ class MemoryStore:
             raise self._fenced(job, key_group, "epoch", epoch=epoch, seq=seq)
         kg.token = ""
         kg.owner = ""
+        kg.released_token = token
+        kg.released_seq = kg.seq
         kg.released_generation = generation
         kg.released_at = time.time()
         kg.release_marks = {name: float(at) for name, at in (marks or {}).items()}
+        released = Released(key_group)
+        waiting, kg.successor = kg.successor, None
+        if waiting is not None and waiting[2] >= generation:
+            owner, handed_token, claimed_generation = waiting
+            self._apply_claim(kg, owner, handed_token, claimed_generation, kg.released_at)
+            released = Released(key_group, self._claim_of(job, key_group, kg, ""))
         for queue in self._release_watchers.get(job, ()):
-            queue.put_nowait(key_group)
+            queue.put_nowait(released)
         return kg.seq
 
-    async def watch_releases(self, job: str) -> AsyncGenerator[int | None, None]:
-        queue: asyncio.Queue[int] = asyncio.Queue()
+    async def watch_releases(self, job: str) -> AsyncGenerator[Released | None, None]:
+        queue: asyncio.Queue[Released] = asyncio.Queue()
         watchers = self._release_watchers.setdefault(job, set())
         watchers.add(queue)
         try:

@@ -212,6 +212,17 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class Released:
+    """A release, as :meth:`StateStore.watch_releases` announces it."""
+
+    key_group: int
+    handed_to: Claim | None = None
+    """The claim of the successor the release handed the key group to (the claimer that
+    waited for it: ``claim(if_released=True)`` was refused with :class:`StillOwned`); None
+    when nobody waited, and the key group is free."""
+
+
+@dataclass(frozen=True, slots=True)
 class Timer:
     """A timer: fires at ``time`` (integer milliseconds); ``payload`` identifies it."""
 
@@ -369,12 +380,21 @@ class StateStore(Protocol):
         *,
         generation: int = 0,
         if_released: bool = False,
+        token: str | None = None,
     ) -> Claim:
-        """Take ownership: increment the epoch, draw a token, return where to resume.
+        """Take ownership: increment the epoch, take a token (``token``, or one drawn
+        here), return where to resume.
 
         ``if_released``: only if nobody holds the key group or ``owner`` does (a restarted
         worker); raises :class:`StillOwned` otherwise, so that a new owner looks and claims
         in one round trip. Without it the claim fences whoever holds the key group.
+
+        A claim refused with :class:`StillOwned` registers the claimer as the key group's
+        successor (the newest generation's claimer, if several wait): the holder's release
+        claims the key group for it with its ``token`` and announces that claim
+        (:class:`Released`), so the new owner starts with no round trip after the release.
+        A claimer that waits gives the same ``token`` each time: if the announcement was
+        lost, its next claim is answered with the claim the release made.
 
         Raises :class:`StaleClaim` when ``generation`` is older than the key group's last
         claim or release, and :class:`StoreCorrupt` when the key group's metadata is gone
@@ -445,9 +465,10 @@ class StateStore(Protocol):
         release's in :attr:`KeyGroupInfo.release_marks`."""
         ...
 
-    def watch_releases(self, job: str) -> AsyncGenerator[int | None, None]:
+    def watch_releases(self, job: str) -> AsyncGenerator[Released | None, None]:
         """Yield None once subscribed to the job's release notifications (and again after
-        each resubscription), then the key group of each release.
+        each resubscription), then each release (:class:`Released`: the key group, and the
+        claim of the successor it was handed to, if one waited).
 
         How a new owner waiting for the previous owner's release learns of it at once: a
         worker subscribes once, for its life, so that no handoff waits for a subscription.

@@ -43,6 +43,7 @@ from keyshift.store.protocol import (
     JobInfo,
     KeyGroupDump,
     KeyGroupInfo,
+    Released,
     ScanPage,
     StaleClaim,
     StaleGeneration,
@@ -124,14 +125,49 @@ KEY_GROUP_SCRIPTS = ("claim", "commit", "release", "load_key_group", "handoff_ma
 """Scripts that read a key group's metadata: ``meta.lua`` (its checked reads) goes first."""
 
 
-def _released_key_group(data: object) -> int | None:
-    """The key group a release message names (None: not a release message)."""
-    if not isinstance(data, (bytes, str)):
+def _released(data: object, job: str) -> Released | None:
+    """A release announcement (release.lua): the key group's number, or a msgpack array
+    with the claim of the successor it was handed to (None: not a release message)."""
+    if isinstance(data, str):
+        data = data.encode()
+    if not isinstance(data, bytes) or not data:
         return None
+    if data[:1].isdigit():
+        try:
+            return Released(int(data))
+        except ValueError:
+            return None
     try:
-        return int(data)
-    except ValueError:
+        kg, owner, token, epoch, seq, position, watermark, stored, claimed_at = msgpack.unpackb(
+            data, raw=True
+        )
+        return Released(int(kg), _claim(
+            job, int(kg), owner.decode(), token.decode(),
+            [epoch, seq, position, watermark or None, stored, b"", claimed_at],
+        ))  # fmt: skip
+    except (ValueError, TypeError, UnicodeDecodeError, msgpack.UnpackException):
         return None
+
+
+def _claim(job: str, key_group: int, owner: str, token: str, reply: list[Any]) -> Claim:
+    """claim.lua's answer (and a handover's, in its announcement) as a :class:`Claim`."""
+    epoch, seq, position, watermark, stored, previous, claimed_at = reply
+    kinds = [raw.decode().partition(":") for raw in stored]
+    return Claim(
+        job=job,
+        key_group=key_group,
+        owner=owner,
+        epoch=int(epoch),
+        token=token,
+        seq=int(seq),
+        position=int(position),
+        watermark=None if watermark is None else int(watermark),
+        states=frozenset(name for kind, _, name in kinds if kind == "s"),
+        entry_states=frozenset(name for kind, _, name in kinds if kind == "e"),
+        timer_queues=frozenset(name for kind, _, name in kinds if kind == "t"),
+        previous_owner=previous.decode(errors="replace"),
+        claimed_at=float(claimed_at),
+    )
 
 
 def _load_script(name: str) -> str:
@@ -427,9 +463,10 @@ class RedisStateStore:
         *,
         generation: int = 0,
         if_released: bool = False,
+        token: str | None = None,
     ) -> Claim:
         check_job_name(job)
-        token = secrets.token_hex(16)
+        token = token or secrets.token_hex(16)
         reply = await self._script(
             "claim",
             [keys.meta(job, key_group), keys.names(job, key_group)],
@@ -442,23 +479,7 @@ class RedisStateStore:
         if reply[0] == b"OWNED":
             raise StillOwned(job, key_group, reply[1].decode(errors="replace"))
         # a retried claim (reply lost) is recognised by its token: one epoch, not two
-        epoch, seq, position, watermark, stored, previous, claimed_at = reply
-        kinds = [raw.decode().partition(":") for raw in stored]
-        return Claim(
-            job=job,
-            key_group=key_group,
-            owner=owner,
-            epoch=int(epoch),
-            token=token,
-            seq=int(seq),
-            position=int(position),
-            watermark=None if watermark is None else int(watermark),
-            states=frozenset(name for kind, _, name in kinds if kind == "s"),
-            entry_states=frozenset(name for kind, _, name in kinds if kind == "e"),
-            timer_queues=frozenset(name for kind, _, name in kinds if kind == "t"),
-            previous_owner=previous.decode(errors="replace"),
-            claimed_at=float(claimed_at),
-        )
+        return _claim(job, key_group, owner, token, reply)
 
     async def commit(
         self,
@@ -538,7 +559,11 @@ class RedisStateStore:
         async def both() -> list[Any]:
             pipe = self._client.pipeline(transaction=False)
             await commit_script(keys=key_list, args=args, client=pipe)
-            await release_script(keys=[keys.meta(job, key_group)], args=released_args, client=pipe)
+            await release_script(
+                keys=[keys.meta(job, key_group), keys.names(job, key_group)],
+                args=released_args,
+                client=pipe,
+            )
             replies: list[Any] = await pipe.execute()
             return replies
 
@@ -582,12 +607,15 @@ class RedisStateStore:
         marks: Mapping[str, float] | None = None,
     ) -> int:
         args = self._release_args(job, key_group, epoch, token, generation, marks)
-        reply = await self._script("release", [keys.meta(job, key_group)], args, job, key_group)
+        reply = await self._script(
+            "release", [keys.meta(job, key_group), keys.names(job, key_group)], args, job,
+            key_group,
+        )  # fmt: skip
         stored_seq = _release_result(reply, job, key_group, epoch=epoch, seq=seq)
         if self.cluster:  # the script could not publish on the job's slot: announce it here
             channel = keys.releases_channel(job)
             try:
-                await self._client.execute_command("SPUBLISH", channel, key_group)
+                await self._client.execute_command("SPUBLISH", channel, reply[2])
             except (rexc.RedisError, OSError) as exc:  # best effort: the new owner's poll covers
                 log.info("release of key group %d not announced: %s", key_group, exc)
         return stored_seq
@@ -631,9 +659,9 @@ class RedisStateStore:
         )
         return bool(int(reply))
 
-    async def watch_releases(self, job: str) -> AsyncGenerator[int | None, None]:
+    async def watch_releases(self, job: str) -> AsyncGenerator[Released | None, None]:
         """Subscribe (sharded: SSUBSCRIBE on the node serving the job's slot) to the job's
-        release channel; yield None once subscribed, then the key group of each message.
+        release channel; yield None once subscribed, then the release each message announces.
         A subscription that fails or breaks is made again (and yields None again)."""
         channel = keys.releases_channel(job)
         while True:
@@ -651,9 +679,9 @@ class RedisStateStore:
                     if message is None:
                         continue
                     if message.get("type") in ("smessage", "message"):
-                        key_group = _released_key_group(message.get("data"))
-                        if key_group is not None:
-                            yield key_group
+                        released = _released(message.get("data"), job)
+                        if released is not None:
+                            yield released
                     elif message.get("type") == "sunsubscribe":
                         break  # the slot moved (a failover): subscribe again
             except TRANSIENT_ERRORS:

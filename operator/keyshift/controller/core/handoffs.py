@@ -32,8 +32,9 @@ STAGES = (
 )
 """A handoff's steps in order: the old owner is asked to release (it has seen the new
 assignment), its batch in progress ends, it flushes its outputs, its last commit is
-applied, the store marks the key group released (and announces it); the new owner
-learns of the release (notified, or by its poll), claims, has loaded the state of its
+applied, the store marks the key group released (and announces it, handing it to the
+new owner when it waits); the new owner learns of it (handed over, notified, or by its
+poll), claims (a handed-over key group is claimed already), has loaded the state of its
 first batch (the first record is processed right after) and has processed that batch."""
 
 DETAIL_LIMIT = 5
@@ -46,7 +47,8 @@ class KeyGroupHandoff(msgspec.Struct, kw_only=True, omit_defaults=True):
     from_worker: int
     to_worker: int
     via: str = ""
-    """How the new owner learned of the release: notified, subscribed, polled, found, forced."""
+    """How the new owner learned of the release: handed, notified, subscribed, polled,
+    found, forced."""
     at_ms: dict[str, float] = msgspec.field(default_factory=dict)
     """Milliseconds since the assignment was published, per step of :data:`STAGES` known."""
 

@@ -2,7 +2,11 @@
 -- KEYS[1] meta hash, KEYS[2] names set
 -- ARGV owner, token, generation, now (the claimer's clock, unix seconds: only where the
 -- store has no claim time; the server's clock stamps the claim), '1' to claim only if
--- released (nobody holds it, or the owner does) else ''
+-- released (nobody holds it, or the owner does) else ''. A claim refused because another
+-- worker holds the key group registers the claimer as its successor (owner, token,
+-- generation; the newest generation's claimer wins): the release hands the key group to
+-- it (release.lua), and the claimer's next claim with the same token is answered as a
+-- retry.
 -- Returns {epoch, seq, position, watermark, names, previous owner, claimed at} (names:
 -- the names set's members; previous owner '' when released, and in the answer to a retry),
 -- {'STALE', stored_generation} or {'OWNED', owner}.
@@ -32,24 +36,15 @@ if tonumber(ARGV[3]) < latest then
 end
 local previous = m[10] or ''
 if ARGV[5] == '1' and previous ~= '' and previous ~= ARGV[1] then
-  return {'OWNED', previous}  -- not released yet: the claimer waits for the release
+  -- not released yet: the claimer waits for the release, which hands it the key group
+  local waiting = meta_number(redis.call('HGET', KEYS[1], 'next_generation'), 'next_generation')
+  if not waiting or tonumber(ARGV[3]) >= waiting then
+    redis.call('HSET', KEYS[1], 'next_owner', ARGV[1], 'next_token', ARGV[2],
+               'next_generation', ARGV[3])
+  end
+  return {'OWNED', previous}
 end
-local epoch = (stored_epoch or 0) + 1
--- the server's clock, not the claimer's: a claim that finds the release is after it
-local time = redis.call('TIME')
-local now = string.format('%.6f', tonumber(time[1]) + tonumber(time[2]) / 1000000)
 local since = m[4]
 if m[2] == '' then since = m[3] end
-redis.call('HSET', KEYS[1], 'epoch', epoch, 'token', ARGV[2], 'owner', ARGV[1],
-           'claimed_generation', ARGV[3], 'claimed_at', now)
--- the previous claimer's handoff marks ('c:'): this claimer records its own
-local fields = redis.call('HKEYS', KEYS[1])
-for _, field in ipairs(fields) do
-  if string.sub(field, 1, 2) == 'c:' then redis.call('HDEL', KEYS[1], field) end
-end
-if since and tonumber(since) then
-  redis.call('HSET', KEYS[1], 'pause', tostring(tonumber(now) - tonumber(since)))
-else
-  redis.call('HDEL', KEYS[1], 'pause')
-end
-return {epoch, seq, position, m[7], redis.call('SMEMBERS', KEYS[2]), previous, now}
+return apply_claim(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], since, stored_epoch, seq,
+                   position, m[7], previous)

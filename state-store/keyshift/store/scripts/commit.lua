@@ -9,10 +9,16 @@
 --   array {k1, v1, k2, v2, ...} and deletes one {d1, d2, ...} (raw strings; '' for none)
 -- then per timer set:   name, nadds, nremoves, score1, member1, ..., r1, ...
 -- Returns {'OK', next_seq, replayed} or {'FENCED', reason, stored_epoch, stored_seq}.
-local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'seq', 'commit')
+local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'seq', 'commit', 'released_token',
+                     'released_seq', 'released_commit')
 local epoch = meta_number(m[1], 'epoch') or 0
 local seq = meta_number(m[3], 'seq') or 0
 local want_seq = tonumber(ARGV[3])
+if m[5] == ARGV[2] and m[7] == ARGV[9] then
+  -- this very commit was applied, then its release (sent with it), and the key group may
+  -- be another's since (the release hands it to a waiting successor): a retry
+  return {'OK', meta_number(m[6], 'released_seq'), 1}
+end
 -- Same epoch, sequence one ahead, same commit id: this very commit was applied already
 -- and its reply was lost; the client retried (the token may be gone by then: a
 -- handoff's last commit carries its release, which clears it). Another commit with this
