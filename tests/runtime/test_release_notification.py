@@ -180,7 +180,9 @@ async def test_a_key_group_handed_to_a_worker_that_stopped_waiting_is_released_a
         await worker_store.release(job, 0, epoch=held[0].epoch, token=held[0].token, generation=1)
         # worker 0 releases it at generation 2, for worker 1
         await wait_for(
-            lambda: released_at_generation(worker_store, job, 0, 2), 10, "key group 0 released again"
+            lambda: released_at_generation(worker_store, job, 0, 2),
+            10,
+            "key group 0 released again",
         )
         info = await worker_store.key_group_info(job, 0)
         assert (info.owner, info.epoch) == ("", held[0].epoch + 2)  # handed over, re-claimed
