@@ -868,7 +868,10 @@ def handoff_markdown(data: dict[str, Any]) -> str:
         "rescale (`keyshift status`, the live view's window). *committed* is when the old "
         "owner sent its last commit, which carries the release (one request): its round trip "
         "shows in *learned*; *claimed* is when the new owner sent its claim (which also "
-        "looks: one request): its round trip shows in *loaded*.",
+        "looks: one request): its round trip shows in *loaded*. A key group *handed* over "
+        "was claimed for its waiting new owner by the release itself: it is learned and "
+        "claimed at the release's instant (the store's clock), and the announcement's "
+        "delivery shows in *loaded*.",
         "",
         "| keys | rescale | busy before | moved | "
         + " | ".join(s.replace("_", " ") for s in STAGES)
