@@ -560,11 +560,12 @@ class Worker:
                             self.job_name, kg, self.name, generation=assignment.generation,
                             if_released=not forced, token=token,
                         )  # fmt: skip
-                    if via in ("found", "polled", "subscribed"):
-                        # it learns from the store's answer, the claim's own (a wake on
-                        # subscribing is only a prompt to look: the release may come after
-                        # it): the look and the claim are one request, applied at claimed_at
-                        learned = claim.claimed_at or looked
+                        if via in ("found", "polled", "subscribed"):
+                            # it learns from the store's answer, the claim's own (a wake on
+                            # subscribing is only a prompt to look: the release may come
+                            # after it): the look and the claim are one request, applied
+                            # at claimed_at
+                            learned = claim.claimed_at or looked
                     if forced:
                         via = "forced"
                     elif claim.previous_owner == self.name:

@@ -207,6 +207,7 @@ class MemoryStore:
         kg = self._kg(job, key_group)
         if token is not None and kg.epoch > 0 and kg.token == token:
             return self._claim_of(job, key_group, kg, "")  # applied already (a handover)
+        token = token or secrets.token_hex(16)
         latest = max(kg.claimed_generation, kg.released_generation)
         if generation < latest:
             raise StaleClaim(job, key_group, generation, latest)
@@ -214,11 +215,11 @@ class MemoryStore:
         if if_released and previous not in ("", owner):
             # the release hands the key group to the newest generation's waiting claimer
             if kg.successor is None or generation >= kg.successor[2]:
-                kg.successor = (owner, token or secrets.token_hex(16), generation)
+                kg.successor = (owner, token, generation)
             raise StillOwned(job, key_group, previous)
         # the pause: since the previous owner's release, or (a claim by force) its last commit
         since = kg.released_at if kg.stored_token() == "" else kg.committed_at
-        self._apply_claim(kg, owner, token or secrets.token_hex(16), generation, since)
+        self._apply_claim(kg, owner, token, generation, since)
         return self._claim_of(job, key_group, kg, previous)
 
     @staticmethod

@@ -14,7 +14,7 @@
 -- claim by force, its last commit) to this claim.
 local m = redis.call('HMGET', KEYS[1], 'epoch', 'token', 'released_at', 'committed_at', 'seq',
                      'position', 'watermark', 'claimed_generation', 'released_generation',
-                     'owner', 'claimed_at')
+                     'owner', 'claimed_at', 'next_generation')
 local stored_epoch = meta_number(m[1], 'epoch')
 local seq = meta_number(m[5], 'seq') or 0
 local position = meta_number(m[6], 'position') or 0
@@ -37,7 +37,7 @@ end
 local previous = m[10] or ''
 if ARGV[5] == '1' and previous ~= '' and previous ~= ARGV[1] then
   -- not released yet: the claimer waits for the release, which hands it the key group
-  local waiting = meta_number(redis.call('HGET', KEYS[1], 'next_generation'), 'next_generation')
+  local waiting = meta_number(m[12], 'next_generation')
   if not waiting or tonumber(ARGV[3]) >= waiting then
     redis.call('HSET', KEYS[1], 'next_owner', ARGV[1], 'next_token', ARGV[2],
                'next_generation', ARGV[3])
