@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from keyshift.controller.local.run import keep_manual_parallelism
+from keyshift.store.server import wait_until
 from tests.controller.local.localjob import LocalJob
 from tests.support import counter_manifest, write_manifest
 
@@ -44,8 +45,10 @@ def test_a_manual_scale_survives_a_restart_and_fresh_starts_over(
     local_jobs.append(second)
     second.start()
     status = second.wait_status(
-        lambda s: s["workers"] and all(w["ready"] for w in s["workers"]), 60, "ready workers"
-    )
+        lambda s: s["workers"] and all(w["ready"] for w in s["workers"])
+        and s["rescale_in_progress"] is None,
+        60, "ready workers, no rescale in progress",
+    )  # fmt: skip
     assert (status["parallelism"], status["desired_parallelism"]) == (3, 3)
     assert "keeping parallelism 3 set by `keyshift scale`" in second.log()
     assert [(r["from"], r["to"]) for r in status["rescales"]] == [(0, 2), (2, 3)]
@@ -56,8 +59,9 @@ def test_a_manual_scale_survives_a_restart_and_fresh_starts_over(
     local_jobs.append(fresh)
     fresh.start()
     status = fresh.wait_status(
-        lambda s: s["parallelism"] == 2 and s["workers"] and all(w["ready"] for w in s["workers"]),
-        60, "the manifest's two workers",
+        lambda s: s["parallelism"] == 2 and s["workers"] and all(w["ready"] for w in s["workers"])
+        and s["rescale_in_progress"] is None,  # the first rescale (0 -> 2) is in the history
+        60, "the manifest's two workers, the first rescale finished",
     )  # fmt: skip
     assert "--fresh: deleted the job's state" in fresh.log()
     assert status["generation"] < generation
@@ -76,7 +80,9 @@ def test_a_bounded_job_finishes_and_the_run_exits_0(
     local_jobs.append(kept)
     kept.start()
     status = kept.wait_status(lambda s: s["finished"], 60, "the job to finish")
-    assert status["running"] and "--keep-running keeps the workers up" in kept.log()
+    assert status["running"]
+    # the status file may be written a moment before the controller says so in its log
+    wait_until(lambda: "--keep-running keeps the workers up" in kept.log(), 30, "the log's note")
     assert kept.interrupt() == 0
 
     run = LocalJob(tmp_path, manifest, job, keep_running=False)  # all processed already
