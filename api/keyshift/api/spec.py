@@ -127,7 +127,9 @@ class Model(BaseModel):
     """Base of the manifest's models: camelCase names, unknown fields refused, immutable.
 
     Class and attribute docstrings are the descriptions of the JSON schema, hence of the
-    CRD (``keyshift crd``): write them for the user of the manifest.
+    CRD (``keyshift crd``): write them for the user of the manifest. The attributes'
+    docstrings are read from this module's source when the CRD is made
+    (``keyshift.controller.kubernetes.crd.spec_json_schema``), not at import.
     """
 
     model_config = ConfigDict(
@@ -138,7 +140,6 @@ class Model(BaseModel):
         # the types the CRD's schema has: "4" is not an integer, true is not a number
         strict=True,
         allow_inf_nan=False,
-        use_attribute_docstrings=True,
         hide_input_in_errors=True,  # a rejected store URL may hold a password
     )
 

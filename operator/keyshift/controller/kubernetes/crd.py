@@ -22,13 +22,17 @@ that file equal to what this module generates.
 
 from __future__ import annotations
 
+import ast
 import copy
+import inspect
 import re
 from pathlib import Path
 from typing import Any, Final
 
 import yaml
+from pydantic import BaseModel
 
+from keyshift.api import spec as spec_models
 from keyshift.api.names import API_VERSION, GROUP, KIND, PLURAL, SINGULAR, VERSION
 from keyshift.api.spec import StreamJobSpec
 from keyshift.errors import KeyshiftError
@@ -368,9 +372,56 @@ def _add_rules(schema: Schema, rules: dict[tuple[str, ...], list[Schema]]) -> No
 # ------------------------------------------------------------------ the CRD
 
 
+def attribute_docstrings(source: str) -> dict[str, dict[str, str]]:
+    """Per class of ``source`` (a module's text), its attributes' docstrings: the string
+    right after an annotated attribute, cleaned as ``inspect.cleandoc`` does (the rule of
+    pydantic's ``use_attribute_docstrings``)."""
+    found: dict[str, dict[str, str]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        docs = found.setdefault(node.name, {})
+        for before, after in zip(node.body, node.body[1:], strict=False):
+            if (
+                isinstance(before, ast.AnnAssign)
+                and isinstance(before.target, ast.Name)
+                and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                docs[before.target.id] = inspect.cleandoc(after.value.value)
+    return found
+
+
+def spec_json_schema() -> Schema:
+    """``StreamJobSpec``'s JSON schema, every field described by its attribute docstring.
+
+    The docstrings are read from ``keyshift.api.spec``'s source here, when a schema is
+    made, rather than by pydantic's ``use_attribute_docstrings`` when the models are
+    defined: that parses each model's source again at import, a fifth of the imports of
+    every worker process and ``keyshift`` command."""
+    schema = StreamJobSpec.model_json_schema(by_alias=True)
+    docs = attribute_docstrings(inspect.getsource(spec_models))
+    defs: dict[str, Schema] = schema.get("$defs", {})
+    for model in vars(spec_models).values():
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            continue
+        node = schema if model is StreamJobSpec else defs.get(model.__name__)
+        if node is None:
+            continue  # not part of the spec
+        for name, field in model.model_fields.items():
+            prop = node.get("properties", {}).get(field.alias or name)
+            # the class that declares the field: its docstring, as pydantic would take it
+            owner = next(c for c in model.__mro__ if name in vars(c).get("__annotations__", {}))
+            doc = docs.get(owner.__name__, {}).get(name)
+            if prop is not None and doc is not None and field.description is None:
+                prop["description"] = doc
+    return schema
+
+
 def spec_schema() -> Schema:
     """The structural schema of ``spec``, with the CEL rules."""
-    schema = structural_schema(StreamJobSpec.model_json_schema(by_alias=True))
+    schema = structural_schema(spec_json_schema())
     _add_rules(schema, _SPEC_RULES)
     return schema
 
