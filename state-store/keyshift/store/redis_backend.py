@@ -57,6 +57,7 @@ from keyshift.store.protocol import (
     check_state_name,
     fence_violation,
 )
+from keyshift.store.turn_reads import TurnReads
 
 T = TypeVar("T")
 
@@ -302,6 +303,11 @@ class RedisStateStore:
         self.retry_seconds = retry_seconds
         self._initialized = not cluster
         self._init_lock = asyncio.Lock()
+        # a Cluster's pipeline of several key groups spans nodes (a task per node): its
+        # key groups' reads stay one pipeline each
+        self._turn_reads = (
+            None if cluster else TurnReads(partial(self._client.pipeline, transaction=False))
+        )
         self._scripts = {
             name: self._client.register_script(_load_script(name))
             for name in (*KEY_GROUP_SCRIPTS, "publish_assignment", "entries")
@@ -782,6 +788,10 @@ class RedisStateStore:
 
         async def read() -> list[Any]:
             # one HMGET per state, sent together (the key group's keys share a slot)
+            if self._turn_reads is not None:  # and with the other reads of this turn
+                return await self._turn_reads.hmget(
+                    [(keys.state(job, key_group, name), fields) for name, fields in asked.items()]
+                )
             pipe = self._client.pipeline(transaction=False)
             for name, fields in asked.items():
                 pipe.hmget(keys.state(job, key_group, name), fields)
