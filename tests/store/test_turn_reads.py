@@ -12,7 +12,7 @@ import redis.exceptions as rexc
 
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer
-from keyshift.store.turn_reads import TurnReads
+from keyshift.store.turn_reads import JOIN_AT_MOST, TurnReads
 
 
 class CountingPipelines:
@@ -121,3 +121,29 @@ async def test_the_store_loads_many_key_groups_in_one_turn(standalone_server: Lo
     finally:
         await store.close()
     assert found == [{"s": {f"k{kg}".encode(): f"v{kg}".encode()}} for kg in range(16)]
+
+
+async def test_a_batchs_worth_of_fields_leaves_at_once(standalone_server: LocalServer) -> None:
+    """Only small loads wait for the rest of their turn; a large one (a batch's worth under
+    load) is sent at once, its own pipeline."""
+    store = open_store(standalone_server.url)
+    joined: list[int] = []
+    turn_reads: Any = store._turn_reads
+    own_hmget = turn_reads.hmget
+
+    async def counting(read: Any) -> list[Any]:
+        joined.append(sum(len(fields) for _, fields in read))
+        result: list[Any] = await own_hmget(read)
+        return result
+
+    turn_reads.hmget = counting
+    large = [f"k{i}".encode() for i in range(JOIN_AT_MOST + 1)]
+    try:
+        found = await asyncio.gather(
+            store.get_states("turn-reads-large", 0, {"s": large}),
+            store.get_states("turn-reads-large", 1, {"s": [b"a"], "t": [b"b"]}),
+        )
+    finally:
+        await store.close()
+    assert list(found) == [{"s": {}}, {"s": {}, "t": {}}]
+    assert joined == [2]

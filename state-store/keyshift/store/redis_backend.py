@@ -57,7 +57,7 @@ from keyshift.store.protocol import (
     check_state_name,
     fence_violation,
 )
-from keyshift.store.turn_reads import TurnReads
+from keyshift.store.turn_reads import JOIN_AT_MOST, TurnReads
 
 T = TypeVar("T")
 
@@ -785,10 +785,12 @@ class RedisStateStore:
         found: dict[str, dict[bytes, bytes]] = {name: {} for name in wanted}
         if not asked:
             return found
+        fields_asked = sum(len(fields) for fields in asked.values())
 
         async def read() -> list[Any]:
             # one HMGET per state, sent together (the key group's keys share a slot)
-            if self._turn_reads is not None:  # and with the other reads of this turn
+            if self._turn_reads is not None and fields_asked <= JOIN_AT_MOST:
+                # a small read: with the others of this turn
                 return await self._turn_reads.hmget(
                     [(keys.state(job, key_group, name), fields) for name, fields in asked.items()]
                 )

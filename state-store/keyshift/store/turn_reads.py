@@ -5,7 +5,9 @@ due together) and each loads its batch's states: at a low rate a pipeline of a r
 two per key group, each with its socket write, its reply to read and its request for the
 store to serve. :class:`TurnReads` sends the reads asked during one turn together: the
 first read of a turn waits for the rest of the turn (``sleep(0)``: no task, no timer),
-then sends every read asked meanwhile in one pipeline. Each read gets its own replies and
+then sends every read asked meanwhile in one pipeline. Only small reads (at most
+:data:`JOIN_AT_MOST` fields, a record or two) do this: a batch's worth under load is
+sent at once, as before. Each read gets its own replies and
 its own error: a command the store refuses fails only the read that asked it; a
 connection lost fails them all (each caller retries, as it would alone).
 """
@@ -17,6 +19,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.exceptions as rexc
+
+JOIN_AT_MOST = 16
+"""Fields a read may ask and still wait for the rest of its turn; a larger one (a batch's
+worth under load) leaves at once, as it costs more than its request and would otherwise
+wait for the other key groups' batches of the turn."""
 
 Read = Sequence[tuple[bytes | str, Sequence[bytes]]]
 """``HMGET`` arguments, one pair per hash: the hash's name, then its fields."""
