@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 import redis.exceptions as rexc
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from keyshift.store import open_store
 from keyshift.store.server import LocalServer
@@ -91,7 +93,8 @@ async def test_a_read_whose_caller_gives_up_leaves_the_others_served(client: Any
 
 
 async def test_a_lost_connection_fails_every_read_of_the_turn() -> None:
-    unreachable = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1)
+    # no retries of the client's own: the refusal comes at once
+    unreachable = aioredis.Redis(host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0))
     reads = TurnReads(CountingPipelines(unreachable))
     try:
         results = await asyncio.gather(
