@@ -7,14 +7,15 @@ store to serve. :class:`TurnReads` sends the reads asked during one turn togethe
 first read of a turn waits for the rest of the turn (``sleep(0)``: no task, no timer),
 then sends every read asked meanwhile in one pipeline. Only small reads (at most
 :data:`JOIN_AT_MOST` fields, a record or two) do this: a batch's worth under load is
-sent at once, as before. Each read gets its own replies and
-its own error: a command the store refuses fails only the read that asked it; a
-connection lost fails them all (each caller retries, as it would alone).
+sent at once, as before. Each read gets its own replies and its own error: a command
+the store refuses fails only the read that asked it; a connection lost fails them all
+(each caller retries, as it would alone).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,7 +53,7 @@ class TurnReads:
         except asyncio.CancelledError:
             self._turn = None
             if len(turn) > 1:  # the others are sent without this one
-                task = asyncio.ensure_future(self._send(turn[1:]))
+                task = asyncio.ensure_future(self._send_for_others(turn[1:]))
                 self._sending.add(task)
                 task.add_done_callback(self._sending.discard)
             raise
@@ -60,6 +61,11 @@ class TurnReads:
         replies = await self._send(turn)
         assert replies is not None  # the sender's own
         return replies
+
+    async def _send_for_others(self, turn: _Waiting) -> None:
+        """Send reads whose sender gave up; their futures carry any error."""
+        with contextlib.suppress(Exception):
+            await self._send(turn)
 
     async def _send(self, turn: _Waiting) -> list[Any] | None:
         """Send the turn's reads; settle the waiting ones; the first read's replies if it
