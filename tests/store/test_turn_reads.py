@@ -126,27 +126,22 @@ async def test_the_store_loads_many_key_groups_in_one_turn(standalone_server: Lo
     assert found == [{"s": {f"k{kg}".encode(): f"v{kg}".encode()}} for kg in range(16)]
 
 
-async def test_a_batchs_worth_of_fields_leaves_at_once(standalone_server: LocalServer) -> None:
-    """Only small loads wait for the rest of their turn; a large one (a batch's worth under
-    load) is sent at once, its own pipeline."""
-    store = open_store(standalone_server.url)
-    joined: list[int] = []
-    turn_reads: Any = store._turn_reads
-    own_hmget = turn_reads.hmget
-
-    async def counting(read: Any) -> list[Any]:
-        joined.append(sum(len(fields) for _, fields in read))
-        result: list[Any] = await own_hmget(read)
-        return result
-
-    turn_reads.hmget = counting
+async def test_a_batchs_worth_of_fields_leaves_at_once(client: Any) -> None:
+    """Only small reads wait for the rest of their turn; a large one (a batch's worth under
+    load) is sent at once, its own pipeline; with ``join_at_most=0`` (a Cluster) every
+    read is."""
+    pipelines = CountingPipelines(client)
+    reads = TurnReads(pipelines)
     large = [f"k{i}".encode() for i in range(JOIN_AT_MOST + 1)]
-    try:
-        found = await asyncio.gather(
-            store.get_states("turn-reads-large", 0, {"s": large}),
-            store.get_states("turn-reads-large", 1, {"s": [b"a"], "t": [b"b"]}),
-        )
-    finally:
-        await store.close()
-    assert list(found) == [{"s": {}}, {"s": {}, "t": {}}]
-    assert joined == [2]
+    found: list[Any] = await asyncio.gather(
+        reads.hmget([("tr:h0", [b"a"])]),
+        reads.hmget([("tr:h0", [b"a", *large])]),
+        reads.hmget([("tr:h1", [b"a"]), ("tr:h2", [b"c"])]),
+    )
+    assert found == [[[b"0a"]], [[b"0a"] + [None] * len(large)], [[b"1a"], [b"2c"]]]
+    assert pipelines.made == 2  # the large read's, and the two small ones' together
+
+    alone = CountingPipelines(client)
+    each = TurnReads(alone, join_at_most=0)
+    await asyncio.gather(each.hmget([("tr:h0", [b"a"])]), each.hmget([("tr:h1", [b"a"])]))
+    assert alone.made == 2

@@ -305,8 +305,9 @@ class RedisStateStore:
         self._init_lock = asyncio.Lock()
         # a Cluster's pipeline of several key groups spans nodes (a task per node): its
         # key groups' reads stay one pipeline each
-        self._turn_reads = (
-            None if cluster else TurnReads(partial(self._client.pipeline, transaction=False))
+        self._turn_reads = TurnReads(
+            partial(self._client.pipeline, transaction=False),
+            join_at_most=0 if cluster else JOIN_AT_MOST,
         )
         self._scripts = {
             name: self._client.register_script(_load_script(name))
@@ -785,22 +786,12 @@ class RedisStateStore:
         found: dict[str, dict[bytes, bytes]] = {name: {} for name in wanted}
         if not asked:
             return found
-        fields_asked = sum(len(fields) for fields in asked.values())
-
-        async def read() -> list[Any]:
-            # one HMGET per state, sent together (the key group's keys share a slot)
-            if self._turn_reads is not None and fields_asked <= JOIN_AT_MOST:
-                # a small read: with the others of this turn
-                return await self._turn_reads.hmget(
-                    [(keys.state(job, key_group, name), fields) for name, fields in asked.items()]
-                )
-            pipe = self._client.pipeline(transaction=False)
-            for name, fields in asked.items():
-                pipe.hmget(keys.state(job, key_group, name), fields)
-            replies: list[Any] = await pipe.execute()
-            return replies
-
-        replies = await self._retrying("get_states", read, job=job, key_group=key_group)
+        # one HMGET per state, sent together (the key group's keys share a slot); a small
+        # read also with the other key groups' of this turn
+        read = [(keys.state(job, key_group, name), fields) for name, fields in asked.items()]
+        replies = await self._retrying(
+            "get_states", partial(self._turn_reads.hmget, read), job=job, key_group=key_group
+        )
         for (name, fields), values in zip(asked.items(), replies, strict=True):
             found[name] = {k: v for k, v in zip(fields, values, strict=True) if v is not None}
         return found

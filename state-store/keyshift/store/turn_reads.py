@@ -35,13 +35,25 @@ _Waiting = list[tuple[Read, "asyncio.Future[list[Any]] | None"]]
 class TurnReads:
     """``HMGET``s asked in one turn of the event loop, sent as one pipeline."""
 
-    def __init__(self, pipeline: Callable[[], Any]) -> None:
+    def __init__(self, pipeline: Callable[[], Any], *, join_at_most: int = JOIN_AT_MOST) -> None:
+        """``join_at_most``: the fields a read may ask and still join its turn (0: every
+        read is its own pipeline, sent at once)."""
         self._pipeline = pipeline
+        self._join_at_most = join_at_most
         self._turn: _Waiting | None = None
         self._sending: set[asyncio.Task[Any]] = set()
 
     async def hmget(self, read: Read) -> list[Any]:
         """The replies to ``read``'s ``HMGET``s, one list of values per hash."""
+        if sum(len(fields) for _, fields in read) > self._join_at_most:
+            replies = await self._send([(read, None)])  # at once, alone
+        else:
+            replies = await self._joined(read)
+        assert replies is not None  # the sender's own
+        return replies
+
+    async def _joined(self, read: Read) -> list[Any] | None:
+        """``read`` sent with the others of its turn."""
         if self._turn is not None:  # another read of this turn sends it
             future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
             self._turn.append((read, future))
@@ -58,9 +70,7 @@ class TurnReads:
                 task.add_done_callback(self._sending.discard)
             raise
         self._turn = None
-        replies = await self._send(turn)
-        assert replies is not None  # the sender's own
-        return replies
+        return await self._send(turn)
 
     async def _send_for_others(self, turn: _Waiting) -> None:
         """Send reads whose sender gave up; their futures carry any error."""
