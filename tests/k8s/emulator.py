@@ -547,6 +547,8 @@ class EmulatorHandler(kmock.KubernetesScaffold):
     rv: int = attrs.field(default=1, init=False)
     lock: threading.RLock = attrs.field(factory=threading.RLock, init=False)
     _changed: asyncio.Event | None = attrs.field(default=None, init=False)
+    closing: bool = attrs.field(default=False, init=False)
+    """Set when the server stops: open watches end (aiohttp waits for them otherwise)."""
     request_log: list[ApiRequest] = attrs.field(factory=list, init=False)
     authorize: Callable[[ApiRequest], bool] | None = attrs.field(default=None, init=False)
     """None: everything is allowed; else a request it refuses is a 403 Forbidden (RBAC)."""
@@ -590,9 +592,17 @@ class EmulatorHandler(kmock.KubernetesScaffold):
     def _emit(self, res: ResourceDef, kind: str, obj: Obj) -> None:
         rv = int(obj["metadata"]["resourceVersion"])
         self.logs[res.gr].append(rv, kind, copy.deepcopy(obj))
+        self._wake_watches()
+
+    def _wake_watches(self) -> None:
         if self._changed is not None:
             self._changed.set()
             self._changed = asyncio.Event()
+
+    def close_watches(self) -> None:
+        """End every open watch (call in the server's loop, before it stops)."""
+        self.closing = True
+        self._wake_watches()
 
     def _next_rv(self) -> str:
         self.rv += 1
@@ -1232,13 +1242,15 @@ class EmulatorHandler(kmock.KubernetesScaffold):
                         event = {"type": kind, "object": self._out(res, obj)}
                         await response.write(json.dumps(event).encode() + b"\n")
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self.closing:
                     break
+                if raw.transport is None or raw.transport.is_closing():
+                    return response  # the client went away: nothing to write to
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), timeout=min(remaining, 5.0))
+                    await asyncio.wait_for(changed.wait(), timeout=min(remaining, 1.0))
+            await response.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
-            return response
-        await response.write_eof()
+            pass
         return response
 
 
@@ -1309,6 +1321,7 @@ class KubernetesEmulator:
                 self.url = f"http://127.0.0.1:{server.port}"
                 self._started.set()
                 await self._stop.wait()
+                self.handler.close_watches()
 
         try:
             asyncio.run(serve())

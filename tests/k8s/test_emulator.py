@@ -260,6 +260,40 @@ def test_watch_resumes_without_losing_events(k8s: KubernetesEmulator, api: httpx
     assert sorted(e["object"]["metadata"]["name"] for e in events) == ["cm1", "cm2"]
 
 
+def test_stopping_ends_open_and_abandoned_watches(tmp_path: Path) -> None:
+    """A watch whose client went away, or one still open, must not hold up the stop
+    (the server waits for its requests: an hour-long watch held a test's teardown 30 s)."""
+    emulator = KubernetesEmulator(tmp_path).start()
+    ended: list[str] = []
+
+    def watch(client: httpx.Client) -> None:
+        params = {"watch": "true", "timeoutSeconds": "3600"}
+        try:
+            with client.stream("GET", CMS, params=params) as response:
+                for _ in response.iter_lines():
+                    pass
+            ended.append("ended")
+        except httpx.HTTPError as exc:
+            ended.append(type(exc).__name__)
+
+    abandoned = httpx.Client(base_url=emulator.url, timeout=60)
+    kept = httpx.Client(base_url=emulator.url, timeout=60)
+    threads = [threading.Thread(target=watch, args=(c,), daemon=True) for c in (abandoned, kept)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while sum(r.verb == "watch" for r in emulator.handler.request_log) < 2:
+        assert time.monotonic() < deadline, "the watches did not start"
+        time.sleep(0.05)
+    abandoned.close()  # its handler is left waiting for news that never comes
+    started = time.monotonic()
+    emulator.stop()
+    assert time.monotonic() - started < 10  # not the watches' hour, nor stop()'s 30 s bound
+    threads[1].join(10)
+    assert "ended" in ended  # the kept watch ended cleanly, as a real API server's would
+    kept.close()
+
+
 def test_finalizers_and_garbage_collection(k8s: KubernetesEmulator, api: httpx.Client) -> None:
     owner = api.post(CMS, json={"metadata": {"name": "owner", "finalizers": ["x/y"]}}).json()
     ref = {
