@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,6 +57,21 @@ async def test_two_workers_compute_the_exact_counts(
         assert workers[0].metric("keyshift_assignment_generation") == 1
         health = workers[1].get("/healthz").json()
         assert health["status"] == "ok" and health["key_groups"] == [4, 5, 6, 7]
+        # a prober that asks often (the local controller) keeps one connection, and so
+        # one thread of the worker's server, for all its requests
+        assert workers[1].http_port is not None
+        connection = http.client.HTTPConnection("127.0.0.1", workers[1].http_port, timeout=5)
+        try:
+            sockets = []
+            for path in ("/readyz", "/healthz", "/metrics", "/readyz"):
+                connection.request("GET", path)
+                response = connection.getresponse()
+                response.read()
+                assert response.status == 200 and not response.will_close, path
+                sockets.append(connection.sock)
+            assert len(set(map(id, sockets))) == 1  # one connection throughout
+        finally:
+            connection.close()
         # every record produced one output line naming its origin (at least once)
         origins = set()
         for line in (tmp_path / "out.jsonl").read_text().splitlines():

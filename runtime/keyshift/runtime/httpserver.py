@@ -45,8 +45,17 @@ class HttpServer:
         self._server.server_close()
 
 
+KEEP_ALIVE_SECONDS = 30.0
+
+
 def make_handler(worker: Worker) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        # Keep-alive: a client that probes often (the local controller, every 0.2 s)
+        # reuses its connection and its thread instead of costing the worker a new
+        # thread per request; a connection idle for KEEP_ALIVE_SECONDS is closed.
+        protocol_version = "HTTP/1.1"
+        timeout = KEEP_ALIVE_SECONDS
+
         def do_GET(self) -> None:
             if self.path == "/metrics":
                 worker.metrics.cache_counts(worker.cache.hits, worker.cache.misses)
