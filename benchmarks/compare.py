@@ -333,7 +333,10 @@ def plot(data: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=(18, 5.8))
+    tp = data["throughput"]
+    panels = 3 if tp else 2  # no empty panel for a run without the throughput rows
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 5.8))
+    ax, bx = axes[0], axes[1]
     colors = {
         "keyshift": "tab:green",
         "canonical": "tab:red",
@@ -404,8 +407,8 @@ def plot(data: dict[str, Any], path: Path) -> None:
     bx.legend(fontsize=7)
     bx.grid(alpha=0.3)
 
-    tp = data["throughput"]
     if tp:
+        cx = axes[2]
         labels = [f"{r['system']}\n{r['mode']}" for r in tp]
         x = list(range(len(tp)))
         colors_tp = ["tab:green" if r["system"] == "keyshift" else "tab:blue" for r in tp]
