@@ -225,6 +225,14 @@ def test_dead_band(utilization: float, action: str, reason: str) -> None:
     assert d.inputs["utilization"] == pytest.approx(utilization)
     if reason == "within_band":
         assert h.recommendations == (Recommendation(T0, 8),)
+        # the band decides, and the message says so before the sizing's own figure
+        assert d.message.startswith(f"utilisation {utilization:.0%} within 50%-90%: stays at 8")
+
+
+def test_one_worker_is_said_in_the_singular() -> None:
+    d, _ = run(at_utilization(1, 0.6))
+    assert (d.action, d.reason) == ("none", "within_band")
+    assert d.message.endswith("-> 1 worker)")
 
 
 def test_high_utilization_scales_up_with_a_readable_message() -> None:

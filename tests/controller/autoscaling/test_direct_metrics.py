@@ -10,7 +10,12 @@ import pytest
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from keyshift.controller.autoscaling.metrics.base import LoadSample, WorkerTarget, key_group_load
+from keyshift.controller.autoscaling.metrics.base import (
+    LoadSample,
+    WorkerTarget,
+    job_processed_rate,
+    key_group_load,
+)
 from keyshift.controller.autoscaling.metrics.direct import (
     DirectScrapeProvider,
     KeyGroupReading,
@@ -242,6 +247,34 @@ def test_key_group_moving_between_workers_makes_no_spike() -> None:
     assert sample.arrival_by_key_group == pytest.approx({0: 10.0, 1: 10.0, 2: 10.0, 3: 10.0})
     assert sample.processed_by_key_group == pytest.approx({0: 10.0, 1: 9.5, 2: 9.5, 3: 9.5})
     assert key_group_load(sample, 4) == pytest.approx((10.0, 10.0, 10.0, 10.0))
+
+
+def test_a_scale_down_inside_the_window_shows_no_drop_in_the_jobs_processed_rate() -> None:
+    """Two key groups, 20 records/s each, processed as they come; worker 1 hands key
+    group 1 to worker 0 and stops halfway through the window. The job processed 40/s
+    throughout; the workers running at the end (worker 0 alone) processed 30/s."""
+    m0, m1 = WorkerMetrics(JOB, W0), WorkerMetrics(JOB, W1)
+    m0.source(0, end=0, position=0)
+    m1.source(1, end=0, position=0)
+    r0 = ScrapeRound(1000.0, {W0: snap(m0), W1: snap(m1)})
+    advance(m0, 200, 1.0)
+    advance(m1, 200, 1.0)
+    m0.source(0, end=200, position=200)
+    m1.source(1, end=200, position=200)
+    r1 = ScrapeRound(1010.0, {W0: snap(m0), W1: snap(m1)})
+    advance(m0, 400, 2.0)  # its own key group and the one handed to it
+    m0.source(0, end=400, position=400)
+    m0.source(1, end=400, position=400)
+    r2 = ScrapeRound(1020.0, {W0: snap(m0)})  # worker 1 is gone
+
+    sample = summarize([r0, r1, r2], TARGETS[:1])
+
+    assert sample.processed_rate == pytest.approx(30.0)  # worker 0: 600 records in 20 s
+    assert sample.arrival_rate == pytest.approx(40.0)
+    assert job_processed_rate(sample, 2) == pytest.approx(40.0)
+    # a key group without a rate in the window: the sum over the workers
+    assert job_processed_rate(sample, 3) == pytest.approx(30.0)
+    assert job_processed_rate(None, 2) is None
 
 
 def test_key_group_load_needs_every_key_group() -> None:

@@ -544,6 +544,11 @@ def _count(x: float) -> str:
     return f"{x:,.0f}"
 
 
+def _workers(n: int) -> str:
+    """``1 worker``, ``3 workers``."""
+    return f"{n} worker" if n == 1 else f"{n} workers"
+
+
 def _pct(x: float) -> str:
     """``70%``."""
     return f"{x:.0%}"
@@ -565,7 +570,7 @@ def sizing_text(est: Estimate, spec: AutoscalerSpec, target: Target | None) -> s
         how = {"observed": " (observed while catching up)", "pooled": " (pooled)"}
         text += (
             f"; {_rate(est.per_worker_capacity)} per worker"
-            f"{how.get(est.capacity_rule, '')} -> {max(est.raw_desired, 0)} workers"
+            f"{how.get(est.capacity_rule, '')} -> {_workers(max(est.raw_desired, 0))}"
         )
     if target is not None and target.notes:
         text += " (" + "; ".join(target.notes) + ")"
@@ -873,13 +878,13 @@ def decide_wake(
         )
         decision = made("scale_up", "input_waiting", desired,
                         f"{_count(sample.backlog)} records wait in the input while scaled to "
-                        f"zero: waking with {desired} workers ({sizing})")  # fmt: skip
+                        f"zero: waking with {_workers(desired)} ({sizing})")  # fmt: skip
     elif sample.next_timer_at is not None and sample.next_timer_at <= now:
         desired = wake_parallelism(0, None, spec, key_groups, None)
         late = now - sample.next_timer_at
         decision = made("scale_up", "timer_due", desired,
                         f"a timer is due ({late:.1f} s ago) while scaled to zero: waking with "
-                        f"{desired} workers")  # fmt: skip
+                        f"{_workers(desired)}")  # fmt: skip
     else:
         if sample.backlog is None:
             what = f"the input is unknown ({sample.missing or 'no answer'})"
@@ -930,14 +935,14 @@ def _no_scale_up(
         message = (
             f"utilisation {_pct(est.utilization)} while working off lag "
             f"({_count(est.lag_at_start)} -> {_count(est.lag)} records); the arrival rate "
-            f"alone keeps {current} workers {_pct(est.demand)} busy"
+            f"alone keeps {_workers(current)} {_pct(est.demand)} busy"
         )
         if est.lag > 0 or est.lag_at_start > 0:
             reason = "catching_up"
     else:
         message = (
-            f"utilisation {_pct(est.utilization)} within {_pct(low)}-{_pct(high)}; "
-            f"{sizing_text(est, spec, None)}"
+            f"utilisation {_pct(est.utilization)} within {_pct(low)}-{_pct(high)}: stays at "
+            f"{current} (the sizing alone: {sizing_text(est, spec, None)})"
         )
     decision = Decision(
         at=now,
@@ -994,7 +999,7 @@ def _scale_up(
         else:  # lag grows although the workers suffice: a hot key group or a stuck worker
             reason = trigger
             message = (
-                f"{why}, but {current} workers give the required capacity ({sizing}): the "
+                f"{why}, but {_workers(current)} give the required capacity ({sizing}): the "
                 "bottleneck is a worker or key group (skew?), not the parallelism"
             )
         decision = Decision(

@@ -9,7 +9,12 @@ from typing import Any
 
 import msgspec
 
-from keyshift.controller.autoscaling.metrics.base import FailedKeyGroup, LoadSample, ScalingMetric
+from keyshift.controller.autoscaling.metrics.base import (
+    FailedKeyGroup,
+    LoadSample,
+    ScalingMetric,
+    job_processed_rate,
+)
 from keyshift.controller.core.assignment import describe_ranges, key_groups_of
 from keyshift.controller.core.pool import WorkerInfo
 from keyshift.controller.core.rescale import Rescale
@@ -171,7 +176,7 @@ def status_document(
         "lag": None if load is None else load.lag,
         "rates": {
             "input": None if load is None else load.arrival_rate,
-            "processed": None if load is None else load.processed_rate,
+            "processed": job_processed_rate(load, key_groups),
         },
         "failed_key_groups": [failed_summary(f) for f in failed],
         "finished": finished(load, key_groups),

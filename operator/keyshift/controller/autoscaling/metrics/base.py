@@ -179,6 +179,21 @@ def key_group_load(sample: LoadSample | None, key_groups: int) -> tuple[float, .
     return tuple(out) if sum(out) > 0 else None
 
 
+def job_processed_rate(sample: LoadSample | None, key_groups: int) -> float | None:
+    """The records/s the job processed over the window, the figure a person reads beside
+    its input rate: the sum of the key groups' position rates when the window has one for
+    every key group, else the sum over the workers (``processed_rate``). The key groups'
+    rates count what a worker processed before it left the window; the sum over the
+    workers running at its end does not, and after a scale-down would show a drop in
+    throughput that is not there."""
+    if sample is None:
+        return None
+    by_key_group = sample.processed_by_key_group
+    if key_groups > 0 and all(kg in by_key_group for kg in range(key_groups)):
+        return sum(max(0.0, by_key_group[kg]) for kg in range(key_groups))
+    return sample.processed_rate
+
+
 @dataclass(frozen=True, slots=True)
 class IdleSample:
     """What the autoscaler looks at while the job is scaled to zero (no worker to scrape):
