@@ -277,6 +277,23 @@ def test_a_scale_down_inside_the_window_shows_no_drop_in_the_jobs_processed_rate
     assert job_processed_rate(None, 2) is None
 
 
+def test_key_groups_missing_for_one_reason_are_named_in_one_line() -> None:
+    """A job (re)started: its workers refused the first scrape, so each key group has
+    one reading: one line for all of them, not one each (`keyshift explain` reads it)."""
+    m0, m1 = WorkerMetrics(JOB, W0), WorkerMetrics(JOB, W1)
+    for kg in (0, 1, 2):
+        m0.source(kg, end=100, position=100)
+    for kg in (3, 5):
+        m1.source(kg, end=100, position=100)
+    r0 = ScrapeRound(1000.0, {W0: "connection refused", W1: "connection refused"})
+    r1 = ScrapeRound(1005.0, {W0: snap(m0), W1: snap(m1)})
+
+    sample = summarize([r0, r1], TARGETS)
+
+    lines = [m for m in sample.missing if "one scrape only" in m]
+    assert lines == ["key groups 0-3, 5: reported in one scrape only, no rate"]
+
+
 def test_key_group_load_needs_every_key_group() -> None:
     def sample(arrival: dict[int, float], processed: dict[int, float]) -> LoadSample:
         return LoadSample(

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from keyshift.controller.core.assignment import describe_ranges
+
 # Sample names as exposed by prometheus_client (counters carry ``_total``).
 PROCESSED = "keyshift_records_processed_total"
 STARTED = "keyshift_worker_start_time_seconds"
@@ -177,6 +179,14 @@ def key_group_load(sample: LoadSample | None, key_groups: int) -> tuple[float, .
             return None
         out.append(max(0.0, *rates))
     return tuple(out) if sum(out) > 0 else None
+
+
+def key_groups_named(key_groups: Sequence[int]) -> str:
+    """``key group 3``, ``key groups 0-31``, ``key groups 0-2, 5``: one line of what is
+    missing for many key groups, not one each."""
+    if len(key_groups) == 1:
+        return f"key group {key_groups[0]}"
+    return f"key groups {describe_ranges(key_groups)}"
 
 
 def job_processed_rate(sample: LoadSample | None, key_groups: int) -> float | None:

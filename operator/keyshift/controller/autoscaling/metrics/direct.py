@@ -62,6 +62,7 @@ from keyshift.controller.autoscaling.metrics.base import (
     WorkerLoad,
     WorkerTarget,
     failed_key_groups,
+    key_groups_named,
 )
 from keyshift.errors import KeyshiftError
 
@@ -391,6 +392,7 @@ def _key_group_rates(
     arrival: dict[int, float] = {}
     processed: dict[int, float] = {}
     trend: dict[int, float] = {}
+    single: list[int] = []  # reported in one scrape only (said once, as ranges)
     for kg in sorted(points):
         series_kg = points[kg]
         if kg not in newest_kgs:
@@ -402,7 +404,7 @@ def _key_group_rates(
         (t0, first), (t1, last) = series_kg[0], series_kg[-1]
         if t1 <= t0:
             if has_window:
-                missing.append(f"key group {kg}: reported in one scrape only, no rate")
+                single.append(kg)
             continue
         if last.end_offset < first.end_offset:
             missing.append(
@@ -414,6 +416,8 @@ def _key_group_rates(
         trend[kg] = (last.lag - first.lag) / (t1 - t0)
         if last.position >= first.position:  # (a replay after a handoff: no rate)
             processed[kg] = (last.position - first.position) / (t1 - t0)
+    if single:
+        missing.append(f"{key_groups_named(single)}: reported in one scrape only, no rate")
     if not points and workers:
         missing.append("key groups: no worker reports any (no assignment running)")
     return _ScrapedRates(arrival, processed, trend, newest_kgs)

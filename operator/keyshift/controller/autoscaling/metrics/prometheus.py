@@ -82,6 +82,7 @@ from keyshift.controller.autoscaling.metrics.base import (
     WorkerLoad,
     WorkerTarget,
     failed_key_groups,
+    key_groups_named,
 )
 from keyshift.runtime.metrics import LOCAL_NAMESPACE
 
@@ -372,9 +373,11 @@ def to_load_sample(
         arrival = read.total(ScalingMetric.ARRIVAL_RATE)
     elif kg.arrival is not None and kg.arrival:
         went_back = sorted(k for k, r in kg.arrival.items() if r < -1e-9)
-        for k in went_back:
-            missing.append(f"key group {k}: end offset went back in the window, no rate")
-        if not went_back:
+        if went_back:
+            missing.append(
+                f"{key_groups_named(went_back)}: end offset went back in the window, no rate"
+            )
+        else:
             arrival = sum(max(0.0, r) for r in kg.arrival.values())
 
     lag: int | None = None
