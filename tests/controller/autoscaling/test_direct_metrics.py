@@ -292,6 +292,14 @@ def test_key_groups_missing_for_one_reason_are_named_in_one_line() -> None:
 
     lines = [m for m in sample.missing if "one scrape only" in m]
     assert lines == ["key groups 0-3, 5: reported in one scrape only, no rate"]
+    # worker 1 goes away: its key groups have no running owner, said once
+    r2 = ScrapeRound(1010.0, {W0: snap(m0), W1: "connection refused"})
+    later = summarize([r0, r1, r2], TARGETS)
+    lines = [m for m in later.missing if "newest scrape" in m]
+    assert lines == [
+        "key groups 3, 5: not reported in the newest scrape (no running owner; "
+        "last seen 5.0 s before)"
+    ]
 
 
 def test_key_group_load_needs_every_key_group() -> None:

@@ -392,15 +392,13 @@ def _key_group_rates(
     arrival: dict[int, float] = {}
     processed: dict[int, float] = {}
     trend: dict[int, float] = {}
-    single: list[int] = []  # reported in one scrape only (said once, as ranges)
+    # said once per reason, the key groups as ranges
+    unowned: dict[float, list[int]] = {}  # by the scrape that last saw them
+    single: list[int] = []  # reported in one scrape only
     for kg in sorted(points):
         series_kg = points[kg]
         if kg not in newest_kgs:
-            last_seen = series_kg[-1][0]
-            missing.append(
-                f"key group {kg}: not reported in the newest scrape (no running owner; "
-                f"last seen {_ago(newest.at - last_seen)} before)"
-            )
+            unowned.setdefault(series_kg[-1][0], []).append(kg)
         (t0, first), (t1, last) = series_kg[0], series_kg[-1]
         if t1 <= t0:
             if has_window:
@@ -416,6 +414,11 @@ def _key_group_rates(
         trend[kg] = (last.lag - first.lag) / (t1 - t0)
         if last.position >= first.position:  # (a replay after a handoff: no rate)
             processed[kg] = (last.position - first.position) / (t1 - t0)
+    for last_seen, kgs in sorted(unowned.items()):
+        missing.append(
+            f"{key_groups_named(kgs)}: not reported in the newest scrape (no running owner; "
+            f"last seen {_ago(newest.at - last_seen)} before)"
+        )
     if single:
         missing.append(f"{key_groups_named(single)}: reported in one scrape only, no rate")
     if not points and workers:
