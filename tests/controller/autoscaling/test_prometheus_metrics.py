@@ -288,6 +288,19 @@ def test_key_group_without_a_running_owner() -> None:
     assert got.arrival_rate == pytest.approx(400)
 
 
+def test_many_key_groups_missing_for_one_reason_are_one_line() -> None:
+    """A worker of a 32-key-group job went away and another just started: one line per
+    reason, the key groups as ranges, not a line each (`keyshift explain` reads them)."""
+    answers = full()
+    answers[M.KEY_GROUP_ARRIVAL] = [s(50, key_group=str(kg)) for kg in range(20)]
+    answers[M.KEY_GROUP_LAG] = [s(3, key_group=str(kg)) for kg in (*range(8), *range(20, 24))]
+    got = sample(answers)
+    assert got.missing == (
+        "key groups 8-19: not reported now (no running owner)",
+        "key groups 20-23: no arrival rate yet (fewer than two samples)",
+    )
+
+
 def test_handoff_double_reporting_takes_the_highest() -> None:
     """If the per key group series still carry the worker (a user's recording rule, say),
     a key group two workers report counts once, at its highest value."""

@@ -536,10 +536,13 @@ def _key_group_rates(read: _Answers, workers: Sequence[WorkerTarget]) -> _Querie
                 "two samples in the window)"
             )
         unowned = sorted(set(kg_arrival) - set(lag_by_key_group))
-        for kg in unowned:
-            missing.append(f"key group {kg}: not reported now (no running owner)")
-        for kg in sorted(set(lag_by_key_group) - set(kg_arrival)):
-            missing.append(f"key group {kg}: no arrival rate yet (fewer than two samples)")
+        if unowned:
+            missing.append(f"{key_groups_named(unowned)}: not reported now (no running owner)")
+        too_new = sorted(set(lag_by_key_group) - set(kg_arrival))
+        if too_new:
+            missing.append(
+                f"{key_groups_named(too_new)}: no arrival rate yet (fewer than two samples)"
+            )
 
     kg_processed_series = read.answers.get(ScalingMetric.KEY_GROUP_PROCESSED)
     processed = (
