@@ -28,9 +28,10 @@ HOT_MODULES = (
     "keyshift/runtime/keygroup.py",
     "keyshift/runtime/cache.py",
     "keyshift/runtime/sources/generator.py",
+    "keyshift/runtime/kafka/source.py",
 )
 """The per-record path (the batch loop, the record context, the state cache, the
-generator), as paths in the installed package.
+generator, the Kafka source's buffers and decoding), as paths in the installed package.
 
 What stays interpreted, and why: the modules users import their jobs' types from
 (``keyshift.runtime.api``: mypyc's classes are not subscriptable, ``Job[Event]``), and

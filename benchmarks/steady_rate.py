@@ -57,7 +57,7 @@ KEY_GROUPS = 32
 
 def checkout_name(checkout: Path | None) -> str:
     """``this`` or the other checkout's folder, with the commit each runs (``+``: its
-    package's sources changed since)."""
+    package's sources changed since; an unpacked wheel says so)."""
     folder = REPO if checkout is None else checkout
 
     def git(*args: str) -> str:
@@ -65,14 +65,19 @@ def checkout_name(checkout: Path | None) -> str:
                               text=True).stdout.strip()  # fmt: skip
 
     commit = git("rev-parse", "--short", "HEAD") or "?"
+    if checkout is not None and (checkout / "keyshift").is_dir():
+        return f"{checkout.name} (an unpacked wheel)"
     dirty = "+" if git("status", "--porcelain", "--untracked-files=no", "--", *COMPONENTS) else ""
     return f"{'this' if checkout is None else checkout.name} ({commit}{dirty})"
 
 
 def checkout_path(checkout: Path | None) -> str:
-    """``PYTHONPATH`` that runs ``checkout``'s keyshift (None: this one, as installed)."""
+    """``PYTHONPATH`` that runs ``checkout``'s keyshift (None: this one, as installed): a
+    checkout's components, or an unpacked wheel (a folder holding ``keyshift/``) as is."""
     if checkout is None:
         return os.environ.get("PYTHONPATH", "")
+    if (checkout / "keyshift").is_dir():
+        return str(checkout.resolve())
     return os.pathsep.join(str(checkout.resolve() / p) for p in COMPONENTS)
 
 

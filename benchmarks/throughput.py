@@ -4,6 +4,7 @@ from a Kafka topic.
     python -m benchmarks.throughput [--keys 1000000] [--records 3000000] [--no-kafka]
                                     [--write-results-md]
     py-spy record -o valkey.txt -f raw -- python -m benchmarks.throughput --only valkey
+                                                    (or --only in-process, --only kafka)
 
 The same worker (cache, checkpoints, commits every ``checkpointInterval``)
 runs the counter job over the generator with Zipf-distributed keys, once
@@ -201,6 +202,19 @@ def fill(broker: Any, topic: str, args: argparse.Namespace) -> int:
     return fill_topic(broker.bootstrap_servers, topic, generator, start=0, stop=limit)
 
 
+async def kafka_source(tmp: Path, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The test broker, started, with a topic of the generator's records: the broker and
+    the Kafka source of a manifest reading it."""
+    from tests.kafka_broker import KafkaBroker
+
+    broker = KafkaBroker(tmp / "kafka").start()
+    topic = f"bench-{secrets.token_hex(3)}"
+    filled_at = time.perf_counter()
+    written = await asyncio.to_thread(fill, broker, topic, args)
+    print(f"  filled {topic}: {written:,} records in {time.perf_counter() - filled_at:.1f}s")
+    return broker, {"type": "kafka", "topic": topic, "bootstrapServers": broker.bootstrap_servers}
+
+
 def row(system: str, mode: str, runs: list[Run], source: str) -> dict[str, Any]:
     """A compare.json-style row: medians over the rounds."""
     best = median_run(runs)
@@ -248,21 +262,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         try:
             source: dict[str, Any] | None = None
             if kafka:
-                from tests.kafka_broker import KafkaBroker
-
-                broker = KafkaBroker(Path(tmp) / "kafka").start()
-                topic = f"bench-{secrets.token_hex(3)}"
-                filled_at = time.perf_counter()
-                written = await asyncio.to_thread(fill, broker, topic, args)
-                print(
-                    f"  filled {topic}: {written:,} records in "
-                    f"{time.perf_counter() - filled_at:.1f}s"
-                )
-                source = {
-                    "type": "kafka",
-                    "topic": topic,
-                    "bootstrapServers": broker.bootstrap_servers,
-                }
+                broker, source = await kafka_source(Path(tmp), args)
             store = open_store(server.url)
             try:
                 for round_ in range(args.repeat):  # alternate, so that noise hits all
@@ -385,7 +385,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--no-kafka", action="store_true", help="skip the Kafka-source row")
     p.add_argument(
         "--only",
-        choices=["in-process", "valkey"],
+        choices=["in-process", "valkey", "kafka"],
         help="run this row alone and write nothing (a process to profile, e.g. under py-spy)",
     )
     p.add_argument(
@@ -461,15 +461,19 @@ Target (remote at least 0.9x of in-process per CPU second, with at least 95% cac
 async def only(args: argparse.Namespace) -> None:
     """``--only``: one row's rounds, printed; nothing compared or written."""
     with tempfile.TemporaryDirectory(prefix="keyshift-bench-") as tmp:
-        server = LocalServer(Path(tmp)).start() if args.only == "valkey" else None
+        server = LocalServer(Path(tmp)).start() if args.only != "in-process" else None
+        broker: Any = None
         try:
+            source = None
+            if args.only == "kafka":
+                broker, source = await kafka_source(Path(tmp), args)
             for round_ in range(args.repeat):
                 if server is None:
                     run = await measure(MemoryStore(), args)
                 else:
                     store = open_store(server.url)
                     try:
-                        run = await measure(store, args, store_pid=server.pid)
+                        run = await measure(store, args, source=source, store_pid=server.pid)
                     finally:
                         await store.close()
                 print(
@@ -479,6 +483,8 @@ async def only(args: argparse.Namespace) -> None:
         finally:
             if server is not None:
                 server.stop()
+            if broker is not None:
+                broker.stop()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keyshift.runtime.api import ValueState, encode_key
-from keyshift.runtime.cache import CacheMiss, StateCache, entry_size
+from keyshift.runtime.cache import CacheMiss, Entry, StateCache, entry_size
 
 
 def test_loaded_entries_are_hits_and_absent_keys_are_remembered() -> None:
@@ -26,6 +26,22 @@ def test_loaded_entries_are_hits_and_absent_keys_are_remembered() -> None:
         pass
     else:
         raise AssertionError("another key group's entry must not be visible")
+
+
+def test_a_batchs_keys_are_looked_up_once_each_with_their_entries_in_order() -> None:
+    """A batch's keys, repeats included: each missing value listed once per state, each
+    key's entry found in its place, and one hit or miss per key and state (a repeat of a
+    missing key is a hit: the same fetch loads it)."""
+    cache = StateCache(10_000)
+    cache.fill(0, "a", [b"both", b"only-a"], {b"both": b"1", b"only-a": b"2"})
+    cache.fill(0, "b", [b"both"], {b"both": b"3"})
+    both, only_a = cache.entry(0, b"both"), cache.entry(0, b"only-a")
+    found: list[Entry | None] = []
+    keys = [b"both", b"only-a", b"new", b"both", b"only-a", b"new"]
+    missing = cache.missing_states(0, ["a", "b"], keys, found=found)
+    assert missing == [[b"new"], [b"only-a", b"new"]]
+    assert found == [both, only_a, None, both, only_a, None]
+    assert (cache.hits, cache.misses) == (2 + 1 + 0 + 2 + 2 + 2, 0 + 1 + 2 + 0 + 0 + 0)
 
 
 def test_least_recently_used_clean_entries_go_first() -> None:

@@ -6,7 +6,7 @@ import asyncio
 import json
 import operator
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -17,6 +17,7 @@ from examples.counter import job as counter_job
 from keyshift.api.spec import StreamJob
 from keyshift.controller.core.assignment import plan_assignment
 from keyshift.runtime.api import Job, encode_key
+from keyshift.runtime.cache import StateCache
 from keyshift.runtime.config import settings_from
 from keyshift.runtime.expected import counter_state_encoded
 from keyshift.runtime.sinks import Origin
@@ -58,14 +59,19 @@ async def positions(store: MemoryStore, key_groups: int) -> list[int]:
     return [(await store.key_group_info("inproc", kg)).position for kg in range(key_groups)]
 
 
+async def assigned_to_one_worker(store: MemoryStore, key_groups: int) -> None:
+    """The job ``inproc`` initialised in ``store``, all its key groups on worker 0."""
+    await store.init_job("inproc", key_groups)
+    await store.publish_assignment(
+        "inproc", Assignment(1, 1, plan_assignment(key_groups, 1)), expected_generation=0
+    )
+
+
 async def test_one_worker_then_two_hand_off_without_losing_a_record() -> None:
     k, limit = 6, 4000
     m = manifest(k, limit, 12_000, batchSize=100)
     store = MemoryStore()
-    await store.init_job("inproc", k)
-    await store.publish_assignment(
-        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
-    )
+    await assigned_to_one_worker(store, k)
     async with running(m, counter_job, store, 0) as w0, running(m, counter_job, store, 1) as w1:
 
         async def some_progress() -> bool:
@@ -98,10 +104,7 @@ async def test_error_policy_fail_parks_the_key_group_and_reports_it() -> None:
         for kg in range(k)
     }
     store = MemoryStore()
-    await store.init_job("inproc", k)
-    await store.publish_assignment(
-        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
-    )
+    await assigned_to_one_worker(store, k)
     async with running(m, jobs.flaky, store, 0) as worker:
 
         async def all_failed() -> bool:
@@ -148,10 +151,7 @@ async def test_error_policy_skip_counts_and_leaves_no_trace_of_the_record() -> N
     m = manifest(k, limit, errorPolicy="skip", job="tests.runtime.jobs:flaky")
     gen = Generator(m.spec.generator, k, 0.0)
     store = MemoryStore()
-    await store.init_job("inproc", k)
-    await store.publish_assignment(
-        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
-    )
+    await assigned_to_one_worker(store, k)
     async with running(m, jobs.flaky, store, 0) as worker:
 
         async def done() -> bool:
@@ -177,10 +177,7 @@ async def test_a_commit_the_store_lost_is_redone_from_the_stored_position() -> N
     k, limit = 2, 3000
     m = manifest(k, limit, 3000)
     store = MemoryStore()
-    await store.init_job("inproc", k)
-    await store.publish_assignment(
-        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
-    )
+    await assigned_to_one_worker(store, k)
     async with running(m, counter_job, store, 0) as worker:
 
         async def committed_once() -> bool:
@@ -242,10 +239,7 @@ async def test_outputs_the_sink_lost_are_replayed_from_the_last_commit() -> None
     k, limit = 2, 3000
     m = manifest(k, limit, 20_000, batchSize=200)
     store = MemoryStore()
-    await store.init_job("inproc", k)
-    await store.publish_assignment(
-        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
-    )
+    await assigned_to_one_worker(store, k)
     sink = LosingSink(lose=1)
     worker = Worker(
         settings_from(m, ordinal=0, store_url="memory://"), counter_job, store, sink=sink
@@ -393,10 +387,7 @@ async def test_a_corrupt_window_state_stops_the_key_group_when_its_timer_fires(
     k = 2
     live = manifest(k, 10_000, 40, errorPolicy="skip")
     store = MemoryStore()
-    await store.init_job("inproc", k)
-    await store.publish_assignment(
-        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
-    )
+    await assigned_to_one_worker(store, k)
     async with running(live, minute_windows, store, 0):
 
         async def some_records() -> bool:
@@ -440,10 +431,7 @@ async def test_commits_lost_before_a_release_are_noticed_and_replayed_by_the_new
     k, limit = 2, 2000
     m = manifest(k, limit, 4000)
     store = MemoryStore()
-    await store.init_job("inproc", k)
-    await store.publish_assignment(
-        "inproc", Assignment(1, 1, plan_assignment(k, 1)), expected_generation=0
-    )
+    await assigned_to_one_worker(store, k)
     async with running(m, counter_job, store, 0) as w0, running(m, counter_job, store, 1):
 
         async def committed_once() -> bool:
@@ -466,3 +454,51 @@ async def test_commits_lost_before_a_release_are_noticed_and_replayed_by_the_new
         expected = counter_state_encoded(m.spec.generator, k, kg, limit)
         for state in ("count", "total"):
             assert store.state("inproc", kg, state) == expected[state]
+
+
+class EvictingStore(MemoryStore):
+    """A store during whose loads the worker's cache loses every clean entry (three loads
+    of a key group's every four: at times every round of a batch's load), as when the
+    other key groups' loads fill it while one key group waits for its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cache: StateCache | None = None
+        self.loads: dict[int, int] = {}
+        self.evicted = 0
+
+    async def get_states(
+        self, job: str, key_group: int, wanted: Mapping[str, Collection[bytes]]
+    ) -> dict[str, dict[bytes, bytes]]:
+        found = await super().get_states(job, key_group, wanted)
+        loads = self.loads[key_group] = self.loads.get(key_group, 0) + 1
+        if self.cache is not None and loads % 4:
+            bound, before = self.cache.max_bytes, self.cache.evictions
+            self.cache.max_bytes = 0
+            self.cache.evict()
+            self.cache.max_bytes = bound
+            self.evicted += self.cache.evictions - before
+        return found
+
+
+async def test_entries_evicted_while_their_batch_waits_for_its_load_are_looked_up_again() -> None:
+    """A batch looks its keys up before its load and keeps the entries it found; when the
+    cache evicts some of them meanwhile, it must not write to those (their writes would be
+    lost): the state is exact.  The rate leaves time for commits between batches, so
+    that the entries a batch finds are clean, and can be evicted."""
+    k, limit = 2, 3000
+    m = manifest(k, limit, 4000, batchSize=200)
+    store = EvictingStore()
+    await assigned_to_one_worker(store, k)
+    async with running(m, counter_job, store, 0) as worker:
+        store.cache = worker.cache
+
+        async def done() -> bool:
+            return await positions(store, k) == [limit] * k
+
+        await wait_for(done, 30, "every record committed", interval=0.02)
+    assert store.evicted > 0, "nothing was evicted during a load"
+    for kg in range(k):
+        expected = counter_state_encoded(m.spec.generator, k, kg, limit)
+        for state in ("count", "total"):
+            assert store.state("inproc", kg, state) == expected[state], (kg, state)

@@ -310,15 +310,12 @@ class StateCache:
         state: str,
         keys: Collection[bytes],
         *,
-        repeats: int = 0,
         count: bool = True,
         stamp: int = 0,
     ) -> list[bytes]:
         """Keys whose value of ``state`` is not cached, in first-seen order; touches the
         entries of the others. See :meth:`missing_states`."""
-        return self.missing_states(
-            key_group, [state], list(keys), repeats=repeats, count=count, stamp=stamp
-        )[0]
+        return self.missing_states(key_group, [state], list(keys), count=count, stamp=stamp)[0]
 
     def missing_states(
         self,
@@ -326,27 +323,33 @@ class StateCache:
         states: list[str],
         keys: list[bytes],
         *,
-        repeats: int = 0,
         count: bool = True,
         stamp: int = 0,
+        found: list[Entry | None] | None = None,
     ) -> list[list[bytes]]:
-        """Per state of ``states``, the keys whose value is not cached, in first-seen
-        order; touches the entries found (one lookup per key for all the states).
+        """Per state of ``states``, the keys whose value is not cached, each once, in
+        first-seen order; touches the entries found (one lookup per key for all the
+        states).
 
-        Each key counts one hit or one miss per state and call. ``repeats``: how many
-        reads the (distinct) ``keys`` stand for, when more than one each: the others
-        count as hits (they find what the first loaded). ``count=False``: a second look
-        that counts nothing. ``stamp``: the load's (:meth:`new_stamp`)."""
+        Each key of ``keys`` (a key may repeat: a batch's keys) counts one hit or one
+        miss per state: a miss the first time a value is missing, a hit after (the same
+        fetch loads it). ``count=False``: a second look that counts nothing. ``stamp``:
+        the load's (:meth:`new_stamp`). ``found``: a list to which the entry of each key
+        is appended, in order (None: not cached), so that the batch need not look its
+        keys up again."""
         sids = [self.state_id(s) for s in states]
         out: list[list[bytes]] = [[] for _ in sids]
         kg = self._kgs.get(key_group)
         get = kg.get if kg is not None else None
         seen: set[bytes] = set()
+        """The keys listed as missing something (the only ones a repeat must check)."""
         hits = 0
         lost = 0
         for key in keys:
-            found = get(key) if get is not None else None
-            if found is None:
+            entry = get(key) if get is not None else None
+            if found is not None:
+                found.append(entry)
+            if entry is None:
                 if key in seen:
                     hits += len(sids)  # loaded by the same fetch
                     continue
@@ -355,19 +358,22 @@ class StateCache:
                     wanted.append(key)
                 lost += len(sids)
                 continue
-            found.ref = True
-            found.stamp = stamp
-            values = found.values
+            entry.ref = True
+            entry.stamp = stamp
+            values = entry.values
             n = len(values)
+            listed = False
             for i, sid in enumerate(sids):
                 if (sid < n and values[sid] is not MISSING) or key in seen:
                     hits += 1
                 else:
                     out[i].append(key)
                     lost += 1
-            seen.add(key)
+                    listed = True
+            if listed:
+                seen.add(key)
         if count:
-            self.hits += hits + max(0, repeats - len(keys)) * len(sids)
+            self.hits += hits
             self.misses += lost
         return out
 

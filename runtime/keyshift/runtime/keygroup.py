@@ -790,10 +790,10 @@ class KeyGroupRunner:
         else:
             keys = [key_by(r) for r in batch.records]
         key_bytes = [encode_key(k) for k in keys]
-        waited = await self._load(key_bytes)
+        waited, entries = await self._load(key_bytes)
         loaded = 0.0 if self._handoff_recorded else time.time()
         try:
-            done = self._process(batch, keys, key_bytes)
+            done = self._process(batch, keys, key_bytes, entries)
         finally:
             busy = time.perf_counter() - started - waited - waited_timers
             deps.metrics.busy_seconds.inc(max(0.0, busy))
@@ -825,10 +825,11 @@ class KeyGroupRunner:
         except StoreError as exc:
             log.debug("key group %d: handoff marks not recorded: %s", self.key_group, exc)
 
-    async def _load(self, key_bytes: list[bytes]) -> float:
+    async def _load(self, key_bytes: list[bytes]) -> tuple[float, list[Entry | None] | None]:
         """Load what the batch needs and the cache lacks: the keyed states of its keys,
         and the entries and map listings its records asked for when they last ran; return
-        the seconds spent waiting for the store.
+        the seconds spent waiting for the store and the entries of ``key_bytes``, in
+        order (None: not cached; or None for all: look them up).
 
         Everything is fetched first and put in the cache after the last fetch, with no
         wait between that and the batch's processing: while this key group waits for the
@@ -840,7 +841,6 @@ class KeyGroupRunner:
         cache = deps.cache
         kg = self.key_group
         ctx = self._ctx
-        unique = list(dict.fromkeys(key_bytes))  # a hot key once per batch
         keyed = self._keyed_states
         entries: dict[str, list[bytes]] = ctx.wanted_entries
         wanted_listings = ctx.wanted_listings
@@ -858,11 +858,14 @@ class KeyGroupRunner:
         listings = sorted(wanted_listings)
         stamp = ctx.stamp
         waited = 0.0
+        looked: list[Entry | None] | None = None
+        filled = False
         for round_ in range(LOAD_ROUNDS):
             wanted: dict[str, list[bytes]] = {}
-            if keyed and unique:
+            if keyed and key_bytes:
+                looked = []
                 missing = cache.missing_states(
-                    kg, keyed, unique, repeats=len(key_bytes), count=not round_, stamp=stamp
+                    kg, keyed, key_bytes, count=not round_, stamp=stamp, found=looked
                 )
                 wanted = {state: keys for state, keys in zip(keyed, missing, strict=True) if keys}
             for state, slot_keys in entries.items():
@@ -883,8 +886,11 @@ class KeyGroupRunner:
             waited += time.perf_counter() - before
             # no wait from here to the batch's processing
             evicted_meanwhile = cache.evictions != evictions
+            if evicted_meanwhile:
+                looked = None  # it may hold entries evicted meanwhile: look again
             for state, keys in wanted.items():
                 cache.fill(kg, state, keys, found[state], protect=stamp)
+                filled = True
             for state, key, stored in listed:
                 if stored is not None:
                     self._put_listing(state, key, stored, stamp)
@@ -892,7 +898,11 @@ class KeyGroupRunner:
             if not evicted_meanwhile and not listed:
                 break  # what was cached before is still there: all is loaded
         deps.metrics.cache_counts(cache.hits, cache.misses)
-        return waited
+        if looked is not None and filled:  # the entries found spared by the stamp: add the new
+            for i, entry in enumerate(looked):
+                if entry is None:
+                    looked[i] = cache.entry(kg, key_bytes[i])
+        return waited, looked
 
     def _put_listing(
         self, state: str, key: bytes, stored: dict[bytes, bytes], protect: int
@@ -940,9 +950,17 @@ class KeyGroupRunner:
                 return found
             after = page[-1][0]
 
-    def _process(self, batch: SourceBatch, keys: Sequence[Hashable], key_bytes: list[bytes]) -> int:
-        """Run the user function over the batch's records; the number processed."""
-        entries = self.deps.cache.entries(self.key_group, key_bytes)
+    def _process(
+        self,
+        batch: SourceBatch,
+        keys: Sequence[Hashable],
+        key_bytes: list[bytes],
+        entries: list[Entry | None] | None,
+    ) -> int:
+        """Run the user function over the batch's records; the number processed.
+        ``entries``: those of ``key_bytes`` if the load found them (None: look up)."""
+        if entries is None:
+            entries = self.deps.cache.entries(self.key_group, key_bytes)
         try:
             return self._process_records(batch, keys, key_bytes, entries)
         finally:
@@ -1169,7 +1187,7 @@ class KeyGroupRunner:
                 due = self.timers.peek_due(queue, until, 256)
                 if not due:
                     break
-                waited += await self._load([kb for _, kb, _ in due])
+                waited += (await self._load([kb for _, kb, _ in due]))[0]
                 if self._fire(queue, until) or self.failed is not None:
                     break
         return waited

@@ -15,13 +15,14 @@ decoded, or is larger than ``maxRecordBytes``, becomes a
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import msgspec
 from confluent_kafka import (
@@ -139,7 +140,10 @@ class KafkaRecordSource:
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         """Consumer calls for the poll thread (assign, unassign, resume)."""
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll_loop, name="kafka-source", daemon=True)
+        # not named ``_thread``: compiled with mypyc, its C name would be ``__thread``
+        self._poll_thread = threading.Thread(
+            target=self._poll_loop, name="kafka-source", daemon=True
+        )
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -158,7 +162,7 @@ class KafkaRecordSource:
                 delay = min(backoff_max, delay * 2)
         check_partitions(self.topic, partitions, self.key_groups)
         self._problem = None
-        self._thread.start()
+        self._poll_thread.start()
 
     def _partition_count(self, timeout: float) -> int:
         metadata = self._consumer.list_topics(self.topic, timeout=timeout)
@@ -170,13 +174,13 @@ class KafkaRecordSource:
 
     async def close(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            await asyncio.to_thread(self._thread.join, 5.0)
+        if self._poll_thread.is_alive():
+            await asyncio.to_thread(self._poll_thread.join, 5.0)
         await asyncio.to_thread(self._consumer.close)
 
     def _call(self, command: Callable[[], None]) -> None:
         """Run ``command`` on the consumer in the poll thread (or now, before it runs)."""
-        if self._thread.is_alive():
+        if self._poll_thread.is_alive():
             self._commands.put(command)
         else:
             command()
@@ -220,10 +224,14 @@ class KafkaRecordSource:
                     part.high = high
 
     def _buffer(self, messages: list[Message]) -> None:
-        to_pause: list[TopicPartition] = []
+        """Append what one poll fetched to the partitions' buffers; wake the key groups
+        whose records arrived and pause the partitions whose buffer is full."""
         received = False
-        arrived: dict[int, Callable[[], None]] = {}
+        touched: dict[int, _Partition] = {}
         with self._lock:
+            partitions = self._partitions
+            number = -1
+            part: _Partition | None = None
             for m in messages:
                 if m.error() is not None:
                     log.warning("Kafka fetch: %s", m.error())
@@ -231,22 +239,27 @@ class KafkaRecordSource:
                 received = True
                 partition = m.partition()
                 offset = m.offset()
-                if partition is None or offset is None:
-                    continue
-                part = self._partitions.get(partition)
-                if part is None or offset < part.next_fetch:
+                if partition != number:  # a poll's messages come in runs of one partition
+                    number = -1 if partition is None else partition
+                    part = partitions.get(number)
+                    if part is not None:
+                        touched[number] = part
+                if part is None or offset is None or offset < part.next_fetch:
                     continue  # unassigned meanwhile, or fetched before a re-assignment
                 part.messages.append((offset, m))
                 part.next_fetch = offset + 1
-                if part.on_data is not None:
-                    arrived[partition] = part.on_data
-                if not part.paused and len(part.messages) >= self._high:
-                    part.paused = True
-                    to_pause.append(TopicPartition(self.topic, partition))
+            to_pause = [
+                TopicPartition(self.topic, number)
+                for number, part in touched.items()
+                if not part.paused and len(part.messages) >= self._high
+            ]
+            for tp in to_pause:
+                touched[tp.partition].paused = True
+            wake = [part.on_data for part in touched.values() if part.on_data is not None]
         if received:
             self._problem = None
-        for wake in arrived.values():
-            wake()
+        for on_data in wake:
+            on_data()
         if to_pause:
             self._consumer.pause(to_pause)
 
@@ -316,7 +329,6 @@ class KafkaRecordSource:
         return int(time.time() * 1000)  # only for records without a timestamp
 
     def read_batch(self, kg: int, start: int, stop: int) -> SourceBatch:
-        taken: list[tuple[int, Message]] = []
         resume = False
         with self._lock:
             part = self._partitions.get(kg)
@@ -325,35 +337,50 @@ class KafkaRecordSource:
             queue = part.messages
             while queue and queue[0][0] < start:
                 queue.popleft()  # processed up to start
-            count = stop - start
-            for entry in queue:
-                if entry[0] >= stop or len(taken) >= count:
-                    break
-                taken.append(entry)
+            # offsets grow: the first stop - start from start on, less those past stop
+            taken = list(itertools.islice(queue, stop - start))
+            while taken and taken[-1][0] >= stop:
+                taken.pop()
             if part.paused and len(queue) <= self._low:
                 part.paused = False
                 resume = True
         if resume:
             tp = TopicPartition(self.topic, kg)
             self._call(lambda: self._consumer.resume([tp]))
-        records: list[Any] = []
-        offsets: list[int] = []
-        timestamps: list[int] = []
+        offsets = [offset for offset, _ in taken]
+        messages = [m for _, m in taken]
+        records = self._decode_all(messages)
         poison = False
-        now_ms = int(time.time() * 1000)
-        for offset, m in taken:
-            record = self._decode_message(kg, offset, m)
-            poison = poison or isinstance(record, Poison)
-            records.append(record)
-            offsets.append(offset)
-            kind, ts = m.timestamp()
-            timestamps.append(ts if kind != TIMESTAMP_NOT_AVAILABLE else now_ms)
+        if records is None:  # some record is poison, maybe: one by one, to say which
+            records = [self._decode_message(kg, offset, m) for offset, m in taken]
+            poison = any(isinstance(record, Poison) for record in records)
         next_position = offsets[-1] + 1 if offsets else start
+        timestamps = MessageTimestamps(messages, int(time.time() * 1000))
         return SourceBatch(records, offsets, timestamps, next_position, poison)
 
+    def _decode_all(self, messages: list[Message]) -> list[Any] | None:
+        """The batch's records, if none is poison (None: some is; decode one by one).
+
+        One pass per step over the whole batch rather than one call per record: this is
+        a Kafka job's per-record cost (``benchmarks/RESULTS.md``, "The Kafka source's
+        cost per record")."""
+        found = [m.value() for m in messages]
+        if None in found:
+            return None  # a tombstone
+        values = cast("list[bytes]", found)
+        keys = [m.key() for m in messages]
+        longest_key = max([len(k) for k in keys if k is not None], default=0)
+        if max(map(len, values), default=0) + longest_key > self._max_bytes:
+            return None  # maybe one record over the limit: the slow path tells which
+        decode = self._decode
+        try:
+            return [decode(value) for value in values]
+        except Exception:  # the user's decoder may raise anything: the slow path reports it
+            return None
+
     def _decode_message(self, kg: int, offset: int, m: Message) -> Any:
-        key = m.key()
-        value = m.value()
+        key: bytes | None = m.key()
+        value: bytes | None = m.value()
         size = len(key or b"") + len(value or b"")
         if size > self._max_bytes:
             error = f"record of {size} bytes is larger than maxRecordBytes ({self._max_bytes})"
@@ -364,3 +391,30 @@ class KafkaRecordSource:
             return self._decode(value)
         except Exception as exc:  # the user's decoder may raise anything
             return Poison(kg, offset, f"{type(exc).__name__}: {exc}", key, value)
+
+
+class MessageTimestamps(Sequence[int]):
+    """The event times of a batch's messages (unix ms), read when asked: a job without
+    event time never asks.  A message without a timestamp has the batch's read time."""
+
+    __slots__ = ("_messages", "_read_at")
+
+    def __init__(self, messages: list[Message], read_at: int) -> None:
+        self._messages = messages
+        self._read_at = read_at
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return [self._timestamp(m) for m in self._messages[index]]
+        return self._timestamp(self._messages[index])
+
+    def _timestamp(self, m: Message) -> int:
+        kind, ts = m.timestamp()
+        return self._read_at if kind == TIMESTAMP_NOT_AVAILABLE else int(ts)
