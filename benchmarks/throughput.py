@@ -212,7 +212,15 @@ async def kafka_source(tmp: Path, args: argparse.Namespace) -> tuple[Any, dict[s
     filled_at = time.perf_counter()
     written = await asyncio.to_thread(fill, broker, topic, args)
     print(f"  filled {topic}: {written:,} records in {time.perf_counter() - filled_at:.1f}s")
-    return broker, {"type": "kafka", "topic": topic, "bootstrapServers": broker.bootstrap_servers}
+    source: dict[str, Any] = {
+        "type": "kafka",
+        "topic": topic,
+        "bootstrapServers": broker.bootstrap_servers,
+        "properties": dict(getattr(args, "kafka_property", None) or []),
+    }
+    if getattr(args, "fetch_max_records", None):
+        source["fetchMaxRecords"] = args.fetch_max_records
+    return broker, source
 
 
 def row(system: str, mode: str, runs: list[Run], source: str) -> dict[str, Any]:
@@ -371,6 +379,14 @@ def worker_code() -> str:
     return f"compiled with mypyc: {', '.join(n.rsplit('.', 1)[1] for n in compiled)}"
 
 
+def kafka_property(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` of ``--kafka-property``."""
+    key, equals, value = text.partition("=")
+    if not key or not equals:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (a librdkafka setting), got {text!r}")
+    return key, value
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--keys", type=int, default=1_000_000)
@@ -383,6 +399,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=2000)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--no-kafka", action="store_true", help="skip the Kafka-source row")
+    p.add_argument(
+        "--fetch-max-records", type=int, help="the Kafka source's fetchMaxRecords (its default)"
+    )
+    p.add_argument(
+        "--kafka-property",
+        action="append",
+        type=kafka_property,
+        metavar="KEY=VALUE",
+        help="a librdkafka setting of the Kafka source (its properties), repeatable",
+    )
     p.add_argument(
         "--only",
         choices=["in-process", "valkey", "kafka"],
