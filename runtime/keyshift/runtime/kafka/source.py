@@ -248,13 +248,11 @@ class KafkaRecordSource:
                     continue  # unassigned meanwhile, or fetched before a re-assignment
                 part.messages.append((offset, m))
                 part.next_fetch = offset + 1
-            to_pause = [
-                TopicPartition(self.topic, number)
-                for number, part in touched.items()
-                if not part.paused and len(part.messages) >= self._high
-            ]
-            for tp in to_pause:
-                touched[tp.partition].paused = True
+            to_pause: list[TopicPartition] = []
+            for number, part in touched.items():
+                if not part.paused and len(part.messages) >= self._high:
+                    part.paused = True
+                    to_pause.append(TopicPartition(self.topic, number))
             wake = [part.on_data for part in touched.values() if part.on_data is not None]
         if received:
             self._problem = None
